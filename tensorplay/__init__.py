@@ -1,0 +1,1 @@
+"""tensorplay: the tensorplay.distributed package lives here."""

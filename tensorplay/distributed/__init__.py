@@ -1,0 +1,59 @@
+"""tensorplay.distributed: process groups on real engines, and the DeviceMesh built on them.
+
+    import tensorplay.distributed as dist
+    from tensorplay.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group()                      # gloo on CPU, nccl on GPU
+    mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    dist.all_reduce(x, group=mesh.get_group("tp"))
+"""
+
+from .device_mesh import DeviceMesh, init_device_mesh
+from .errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    BackendError,
+    DistributedError,
+    DistributedTimeoutError,
+    LaunchEnvError,
+    MeshMismatchError,
+    NotAMemberError,
+    NotInitializedError,
+    RankFailedError,
+)
+from .process_group import ProcessGroup, ReduceOp, Work
+from .world import (
+    destroy_process_group,
+    get_backend,
+    get_process_group_ranks,
+    get_rank,
+    get_world_size,
+    init_process_group,
+    is_initialized,
+    new_group,
+)
+
+_COLLECTIVES = (
+    "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all_single", "barrier",
+    "broadcast", "gather", "recv", "reduce", "reduce_scatter_tensor", "scatter", "send",
+)
+
+
+def __getattr__(name: str):
+    """Load the collectives (and torch with them) on first use, so the launcher stays light."""
+    if name in _COLLECTIVES:
+        from . import collectives
+
+        return getattr(collectives, name)
+    raise AttributeError(f"module 'tensorplay.distributed' has no attribute {name!r}")
+
+
+__all__ = [
+    "ArgumentError", "ArgumentTypeError", "BackendError", "DeviceMesh", "DistributedError",
+    "DistributedTimeoutError", "LaunchEnvError", "MeshMismatchError", "NotAMemberError",
+    "NotInitializedError", "ProcessGroup", "RankFailedError", "ReduceOp", "Work",
+    "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all_single", "barrier",
+    "broadcast", "destroy_process_group", "gather", "get_backend", "get_process_group_ranks",
+    "get_rank", "get_world_size", "init_device_mesh", "init_process_group", "is_initialized",
+    "new_group", "recv", "reduce", "reduce_scatter_tensor", "scatter", "send",
+]

@@ -1,0 +1,235 @@
+"""Pure mesh description: a layout of positions, an optional position -> rank table, dim names.
+
+A mesh from init_device_mesh has no table (position == rank) and costs O(ndim) whatever the
+world size. An explicit rank array that no ordered layout enumerates, such as [[3, 1], [2, 0]],
+keeps a table. On a (2, 4) mesh named ("dp", "tp"), rank 5 is at (1, 1); its "tp" line is
+[4, 5, 6, 7] and its "dp" line is [1, 5].
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from ._layout import Layout, fit
+
+
+class RankTable:
+    """An immutable position -> rank map with its inverse, compared by content."""
+
+    __slots__ = ("_ranks", "_index", "_digest")
+
+    def __init__(self, ranks: Sequence[int]):
+        self._ranks = tuple(int(r) for r in ranks)
+        self._index = {r: i for i, r in enumerate(self._ranks)}
+        self._digest = hashlib.sha256(repr(self._ranks).encode()).hexdigest()
+
+    def rank(self, position: int) -> int:
+        """Rank stored at a position."""
+        return self._ranks[position]
+
+    def position(self, rank: int) -> int | None:
+        """Position of a rank, None when absent."""
+        return self._index.get(rank)
+
+    def __len__(self) -> int:
+        return len(self._ranks)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RankTable) and self._digest == other._digest
+
+    def __hash__(self) -> int:
+        return hash(self._digest)
+
+    def __reduce__(self):
+        return RankTable, (self._ranks,)
+
+
+class Ranks:
+    """The ordered global ranks of a group: a 1-d layout in rank space, or an explicit tuple.
+
+    Length, indexing and index() cost O(modes) for a layout, so a group of a million ranks
+    costs nothing until listed.
+    """
+
+    __slots__ = ("_layout", "_explicit")
+
+    def __init__(self, layout: Layout | None = None, explicit: Sequence[int] | None = None):
+        self._layout = layout
+        self._explicit = None if explicit is None else tuple(explicit)
+
+    @classmethod
+    def of(cls, values: Sequence[int]) -> Ranks:
+        """Ranks of an explicit list, kept as a layout when one enumerates it."""
+        layout = fit(list(values))
+        return cls(layout=layout) if layout is not None else cls(explicit=values)
+
+    def __len__(self) -> int:
+        if self._layout is not None:
+            return self._layout.numel
+        return len(self._explicit)
+
+    def __getitem__(self, index: int) -> int:
+        if self._layout is not None:
+            if not 0 <= index < len(self):
+                raise IndexError(index)
+            return self._layout.position((index,))
+        return self._explicit[index]
+
+    def __iter__(self) -> Iterator[int]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def __contains__(self, rank: object) -> bool:
+        return isinstance(rank, int) and self.index(rank) is not None
+
+    def index(self, rank: int) -> int | None:
+        """Position of ``rank`` in the group, None when it is not a member."""
+        if self._layout is not None:
+            found = self._layout.coordinate(rank)
+            return None if found is None else found[0]
+        try:
+            return self._explicit.index(rank)
+        except ValueError:
+            return None
+
+    def key(self) -> tuple:
+        """Identity of the ordered rank sequence, equal for equal sequences however built."""
+        if self._layout is not None:
+            return ("layout", *self._layout.canonical())
+        return ("ranks", self._explicit)
+
+    def tolist(self) -> list[int]:
+        """All ranks as a list (materialises them)."""
+        return list(self)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Ranks) and self.key() == other.key()
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+    def __repr__(self) -> str:
+        n = len(self)
+        if n <= 8:
+            return f"Ranks({self.tolist()})"
+        return f"Ranks([{self[0]}, {self[1]}, ..., {self[n - 1]}], size={n})"
+
+
+@dataclass(frozen=True, slots=True)
+class MeshSpec:
+    """Layout + optional rank table + dim names: everything a mesh is, without processes."""
+
+    layout: Layout
+    names: tuple[str, ...] | None = None
+    table: RankTable | None = None
+
+    @classmethod
+    def row_major(cls, shape: Sequence[int], names: Sequence[str] | None = None) -> MeshSpec:
+        """Ranks 0..N-1 filling ``shape`` row-major: the mesh of init_device_mesh."""
+        return cls(Layout.row_major(shape), None if names is None else tuple(names))
+
+    @classmethod
+    def from_ranks(
+        cls, shape: Sequence[int], ranks: Sequence[int], names: Sequence[str] | None = None
+    ) -> MeshSpec:
+        """A mesh of ``shape`` holding ``ranks`` (row-major list); tableless when possible."""
+        named = None if names is None else tuple(names)
+        found = fit(list(ranks))
+        if found is not None:
+            try:
+                layout = found.unflatten(0, shape)
+            except ValueError:  # the fitted modes cut across the requested dims
+                layout = None
+            if layout is not None and layout.is_ordered():
+                return cls(layout, named)
+        return cls(Layout.row_major(shape), named, RankTable(ranks))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Size of each dimension."""
+        return self.layout.shape
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return self.layout.ndim
+
+    @property
+    def size(self) -> int:
+        """Number of ranks in the mesh."""
+        return self.layout.numel
+
+    def rank_at(self, coordinate: Sequence[int]) -> int:
+        """Global rank at an in-range coordinate."""
+        position = self.layout.position(coordinate)
+        return position if self.table is None else self.table.rank(position)
+
+    def _position_of(self, rank: int) -> int | None:
+        return rank if self.table is None else self.table.position(rank)
+
+    def coordinate_of(self, rank: int) -> tuple[int, ...] | None:
+        """Coordinate of ``rank``, None when the mesh does not hold it."""
+        position = self._position_of(rank)
+        return None if position is None else self.layout.coordinate(position)
+
+    def line(self, rank: int, dim: int) -> Ranks:
+        """Ranks on the line through ``rank`` along ``dim``, in mesh order."""
+        return self.select((dim,), rank).ranks()
+
+    def ranks(self) -> Ranks:
+        """All ranks of the mesh in row-major order."""
+        if self.table is None:
+            return Ranks(layout=self.layout.flatten() if self.ndim > 1 else self.layout)
+        return Ranks.of(self.array().reshape(-1).tolist())
+
+    def select(self, dims: Sequence[int], rank: int) -> MeshSpec:
+        """Sub-mesh of ``dims`` through ``rank`` (the other coordinates fixed at its own)."""
+        position = self._position_of(rank)
+        layout = self.layout.select(dims, position)
+        names = None if self.names is None else tuple(self.names[d] for d in dims)
+        return self._with(layout, names)
+
+    def flatten(self, name: str | None, dims: Sequence[int] | None = None) -> MeshSpec:
+        """Merge ``dims`` (default all) into one dim called ``name``; a 1-d result if all."""
+        chosen = list(range(self.ndim)) if dims is None else list(dims)
+        layout = self.layout.flatten(chosen)
+        if self.names is None:
+            names = (name,) if name is not None and layout.ndim == 1 else None
+        else:
+            kept = [n for d, n in enumerate(self.names) if d not in chosen[1:]]
+            kept[chosen[0]] = name if name is not None else "_".join(
+                self.names[d] for d in chosen
+            )
+            names = tuple(kept)
+        return self._with(layout, names)
+
+    def unflatten(self, dim: int, sizes: Sequence[int], names: Sequence[str] | None) -> MeshSpec:
+        """Split ``dim`` into dims of ``sizes`` called ``names``."""
+        layout = self.layout.unflatten(dim, sizes)
+        if self.names is None:
+            new_names = None
+        else:
+            new_names = self.names[:dim] + tuple(names or ()) + self.names[dim + 1 :]
+        return self._with(layout, new_names)
+
+    def array(self):
+        """The rank array as numpy, of ``shape`` (materialises every rank)."""
+        positions = self.layout.positions()
+        if self.table is None:
+            return positions
+        import numpy as np
+
+        lookup = np.asarray(self.table._ranks, dtype=np.int64)
+        return lookup[positions]
+
+    def _with(self, layout: Layout, names: tuple[str, ...] | None) -> MeshSpec:
+        """Same table, new layout; drop the table when the ranks form an ordered layout."""
+        if self.table is None:
+            return MeshSpec(layout, names)
+        spec = MeshSpec(layout, names, self.table)
+        if spec.size <= 1 << 16:
+            ranks = spec.array().reshape(-1).tolist()
+            return MeshSpec.from_ranks(spec.shape, ranks, names)
+        return spec

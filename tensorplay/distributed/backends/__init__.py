@@ -1,0 +1,1 @@
+"""One module per engine; each is the only importer of its engine."""

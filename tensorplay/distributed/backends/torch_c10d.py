@@ -1,0 +1,136 @@
+"""The torch.distributed (c10d) engine: gloo on CPU, NCCL on GPU. The only importer of c10d.
+
+Groups are made with c10d's own group helper under a name we derive from the group's ranks
+and backend, so a group's identity never depends on how many groups were made before it
+(torch's new_group names hashed groups with a running count of all groups).
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from ..errors import BackendError
+
+NAME = "torch"
+BACKENDS = ("gloo", "nccl")
+
+
+def default_backend() -> str:
+    """nccl when CUDA is usable, else gloo."""
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
+def check_available(backend: str) -> None:
+    """Raise BackendError when this torch build lacks ``backend``."""
+    available = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available()}
+    if not available.get(backend, False):
+        raise BackendError(
+            f"backend={backend!r} is not available in this torch build "
+            f"(gloo: {available['gloo']}, nccl: {available['nccl']}). Fix: use "
+            f"backend='gloo' on CPU, or install a CUDA build of torch for nccl."
+        )
+
+
+def make_tcp_store(
+    host: str, port: int, *, rank: int, world_size: int, timeout: timedelta
+) -> dist.TCPStore:
+    """A TCPStore whose server (on rank 0) listens only on ``host``, not on every interface."""
+    if rank != 0:
+        return dist.TCPStore(host, port, world_size, False, timeout=timeout)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as err:
+        listener.close()
+        raise BackendError(
+            f"rank 0 cannot listen on {host}:{port} for the rendezvous store: {err}. Fix: set "
+            f"MASTER_ADDR to an address of rank 0's machine and MASTER_PORT to a free port."
+        ) from err
+    listener.listen(max(128, world_size))
+    store = dist.TCPStore(
+        host,
+        port,
+        world_size,
+        True,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),
+    )
+    return store
+
+
+def init_world(
+    backend: str,
+    init_method: str,
+    *,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    master: tuple[str, int] | None,
+) -> tuple[Any, Any]:
+    """Start c10d's default group; returns (engine group, store)."""
+    check_available(backend)
+    if master is not None:
+        store = make_tcp_store(
+            master[0], master[1], rank=rank, world_size=world_size, timeout=timeout
+        )
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
+    else:
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+        )
+        store = c10d._get_default_store()
+    return dist.group.WORLD, store
+
+
+def new_group(name: str, ranks: list[int], backend: str, timeout: timedelta, desc: str) -> Any:
+    """Create a c10d group named ``name`` of ``ranks`` (in this order); members only call it."""
+    check_available(backend)
+    store = c10d._get_default_store()
+    group_rank = ranks.index(dist.get_rank())
+    group, _ = c10d._new_process_group_helper(
+        len(ranks),
+        group_rank,
+        ranks,
+        backend,
+        store,
+        name,
+        timeout=timeout,
+        group_desc=desc,
+    )
+    c10d._world.pg_group_ranks[group] = {g: i for i, g in enumerate(ranks)}
+    return group
+
+
+def destroy() -> None:
+    """Tear c10d down (all groups)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_engine_group(obj: object) -> bool:
+    """True for a c10d ProcessGroup object."""
+    return isinstance(obj, dist.ProcessGroup)
+
+
+def parse_tcp(init_method: str) -> tuple[str, int] | None:
+    """(host, port) of a tcp:// URL, None for other schemes."""
+    url = urlparse(init_method)
+    if url.scheme != "tcp":
+        return None
+    return url.hostname or "127.0.0.1", int(url.port or 0)

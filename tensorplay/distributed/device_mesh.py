@@ -1,0 +1,464 @@
+"""DeviceMesh: an n-d array of global ranks with one process group per dimension.
+
+On a (2, 4) mesh named ("dp", "tp"), rank 5 is at (1, 1); its "tp" group is [4, 5, 6, 7] and
+its "dp" group is [1, 5]. A mesh is a value: slicing, flattening and unflattening return new
+meshes and change nothing else. Groups live in the world's registry, keyed by their ordered
+ranks and backend, and are made eagerly, dimension by dimension, by their members only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from . import _mesh_args as args
+from ._consensus import agree
+from ._mesh_spec import MeshSpec, Ranks
+from .errors import ArgumentError, NotAMemberError, bad_argument
+from .process_group import ProcessGroup, World
+from .world import current_world
+
+log = logging.getLogger("tensorplay.distributed")
+
+__all__ = ["DeviceMesh", "init_device_mesh"]
+
+
+class DeviceMesh:
+    """An n-d array of global ranks; collectives run independently along each dimension.
+
+    ``DeviceMesh("cpu", [[0, 1, 2, 3], [4, 5, 6, 7]], mesh_dim_names=("dp", "tp"))`` on a world
+    of 8; any rectangular array of distinct world ranks works, a subset of the world included.
+    Every rank of the world makes the same call (SPMD); ranks outside the mesh get a mesh whose
+    get_coordinate() is None.
+    """
+
+    def __init__(
+        self,
+        device_type: str,
+        mesh: Any,
+        *,
+        mesh_dim_names: Sequence[str] | None = None,
+        backend_override: Any = None,
+    ):
+        world = current_world("DeviceMesh()")
+        device = args.device_type(device_type)
+        shape, ranks = args.explicit_mesh(mesh, world.size)
+        names = args.dim_names(mesh_dim_names, len(shape))
+        default = _default(world, device)
+        backends = args.backend_override(backend_override, names, len(shape), default)
+        spec = MeshSpec.from_ranks(shape, ranks, names)
+        agree(world, "DeviceMesh()", {
+            "device_type": device, "mesh": ranks, "shape": shape, "mesh_dim_names": names,
+            "backend_override": backends,
+        })
+        self._init(world, device, spec, spec, backends, _make_groups(world, spec, backends))
+
+    def _init(self, world, device, spec, root, backends, groups) -> None:
+        self._world: World = world
+        self._device_type: str = device
+        self._spec: MeshSpec = spec
+        self._root: MeshSpec = root
+        self._backends: tuple[str, ...] = backends
+        self._groups: tuple[ProcessGroup, ...] | None = groups
+
+    @classmethod
+    def _make(cls, world, device, spec, root, backends, groups) -> DeviceMesh:
+        mesh = cls.__new__(cls)
+        mesh._init(world, device, spec, root, backends, groups)
+        return mesh
+
+    # -- what the mesh is -------------------------------------------------------------------
+    @property
+    def device_type(self) -> str:
+        """'cpu' or 'cuda'."""
+        return self._device_type
+
+    @property
+    def mesh(self):
+        """The rank array as an int64 torch tensor (built on demand: O(size))."""
+        import torch
+
+        return torch.from_numpy(self._spec.array())
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return self._spec.ndim
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Size of each dimension."""
+        return self._spec.shape
+
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...] | None:
+        """Names of the dimensions, or None."""
+        return self._spec.names
+
+    @property
+    def spec(self) -> MeshSpec:
+        """The pure description of this mesh (layout, rank table, names)."""
+        return self._spec
+
+    def size(self, mesh_dim: int | str | None = None) -> int:
+        """Ranks in the mesh, or the size of one dimension."""
+        if mesh_dim is None:
+            return self._spec.size
+        return self.shape[self._dim(mesh_dim)]
+
+    # -- where this rank is ---------------------------------------------------------------
+    def get_rank(self, coordinate: Sequence[int] | None = None) -> int:
+        """This process's global rank, or the global rank at ``coordinate``."""
+        self._alive("get_rank()")
+        if coordinate is None:
+            return self._world.rank
+        coord = self._check_coordinate(coordinate)
+        return self._spec.rank_at(coord)
+
+    def get_coordinate(self) -> list[int] | None:
+        """This rank's coordinate, None when the mesh does not hold it."""
+        self._alive("get_coordinate()")
+        coord = self._spec.coordinate_of(self._world.rank)
+        return None if coord is None else list(coord)
+
+    def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
+        """This rank's coordinate along ``mesh_dim``: its rank inside that dim's group."""
+        dim = self._dim_or_only(mesh_dim, "get_local_rank")
+        return self._my_coordinate("get_local_rank()")[dim]
+
+    def get_group(self, mesh_dim: int | str | None = None) -> ProcessGroup:
+        """The process group along ``mesh_dim`` through this rank."""
+        dim = self._dim_or_only(mesh_dim, "get_group")
+        self._my_coordinate("get_group()")
+        return self._groups[dim]
+
+    def get_all_groups(self) -> list[ProcessGroup]:
+        """One process group per dimension, in dimension order."""
+        self._my_coordinate("get_all_groups()")
+        return list(self._groups)
+
+    # -- new meshes from this one -----------------------------------------------------------
+    def __getitem__(self, names: str | tuple[str, ...]) -> DeviceMesh:
+        """The sub-mesh of the named dims through this rank; it reuses this mesh's groups."""
+        wanted = args.slice_names(names)
+        self._my_coordinate(f"mesh[{names!r}]")
+        parts = [self._resolve_name(name) for name in wanted]
+        order = [p[0] for p in parts]
+        if order != sorted(order):
+            in_order = tuple(n for _, n in sorted(zip(order, wanted, strict=True)))
+            raise bad_argument("mesh[...]", names, "names are out of mesh order",
+                               f"list them in the mesh's order: {in_order}")
+        dims = [d for p in parts for d in p]
+        if len(set(dims)) != len(dims):
+            raise bad_argument("mesh[...]", names, "names overlap (a flattened name covers "
+                               "another)", "slice by dims that do not share any dim")
+        rank = self._world.rank
+        spec = self._spec.select(dims, rank)
+        starts = [sum(len(p) for p in parts[:i]) for i in range(len(parts))]
+        for part, start in reversed(list(zip(parts, starts, strict=True))):
+            if len(part) > 1:
+                spec = spec.flatten(None, range(start, start + len(part)))
+        backends = tuple(self._backends[part[0]] for part in parts)
+        groups: list[ProcessGroup] = []
+        for i, (name, part) in enumerate(zip(wanted, parts, strict=True)):
+            if len(part) == 1:
+                groups.append(self._groups[part[0]])
+                continue
+            found = self._world.find_group(spec.line(rank, i), backends[i])
+            if found is None:
+                raise ArgumentError(f"mesh[{names!r}]: the group of flattened dim {name!r} is "
+                                    "missing on this rank. Fix: call flatten() on every rank.")
+            groups.append(found)
+        spec = MeshSpec(spec.layout, wanted if self.mesh_dim_names else None, spec.table)
+        return DeviceMesh._make(self._world, self._device_type, spec, self._root, backends,
+                                tuple(groups))
+
+    def flatten(self, name: str | None = None) -> DeviceMesh:
+        """Merge every dim into one, with one new group; name defaults to 'a_b_c'.
+
+        ``mesh["dp", "cp"].flatten()`` makes "dp_cp", which then slices the root mesh too.
+        """
+        self._alive("flatten()")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise bad_argument("name", name, "must be a non-empty str", "pass e.g. 'dp_cp'")
+        if name is None and self.mesh_dim_names is not None:
+            name = "_".join(self.mesh_dim_names)
+        root_names = self._root.names or ()
+        if name in root_names and (self.ndim > 1 or self.mesh_dim_names != (name,)):
+            raise bad_argument("name", name, "is already a dim of the root mesh",
+                               "pick a new name")
+        world = self._world
+        agree(world, "flatten()", {"name": name, "shape": self.shape,
+                                   "mesh_dim_names": self.mesh_dim_names,
+                                   "device_type": self._device_type})
+        spec = self._spec.flatten(name)
+        backends = (self._backends[0],)
+        groups = _make_groups(world, spec, backends)
+        if name is not None and self.mesh_dim_names is not None and self.ndim > 1:
+            registered = world.flattened_names(self._root_key()).get(name)
+            if registered is not None and registered != self.mesh_dim_names:
+                raise bad_argument("name", name, f"already flattens {registered}",
+                                   "pick a new name")
+            world.register_flatten(self._root_key(), name, self.mesh_dim_names)
+        return DeviceMesh._make(world, self._device_type, spec, self._root, backends, groups)
+
+    _flatten = flatten  # PyTorch's spelling
+
+    def unflatten(
+        self, dim: int | str, sizes: Sequence[int], names: Sequence[str] | None = None
+    ) -> DeviceMesh:
+        """Split ``dim`` into dims of ``sizes``; only the new groups are created.
+
+        On a 1-d mesh "dp" of 8, unflatten("dp", (2, 4), ("replicate", "shard")) gives a
+        (2, 4) mesh whose "shard" group through rank 5 is [4, 5, 6, 7].
+        """
+        self._alive("unflatten()")
+        d = args.mesh_dim(dim, self.mesh_dim_names, self.ndim, "dim")
+        new_sizes = args.positive_sizes(sizes, self.shape[d])
+        if self.mesh_dim_names is not None or names is not None:
+            new_names = args.dim_names(names, len(new_sizes), "names")
+            if new_names is None:
+                raise bad_argument("names", names, "is required on a named mesh",
+                                   f"give {len(new_sizes)} names")
+            others = [n for i, n in enumerate(self.mesh_dim_names or ()) if i != d]
+            clash = [n for n in new_names if n in others]
+            if clash:
+                raise bad_argument("names", names, f"{clash[0]!r} is already a dim",
+                                   "pick new names")
+        else:
+            new_names = None
+        try:
+            spec = self._spec.unflatten(d, new_sizes, new_names)
+        except ValueError as err:
+            raise bad_argument("sizes", sizes, f"cannot split dim of size {self.shape[d]} "
+                               f"row-major ({err})", "choose sizes that divide it") from err
+        if self.mesh_dim_names is None:
+            spec = MeshSpec(spec.layout, None, spec.table)
+        agree(self._world, "unflatten()", {"dim": d, "sizes": new_sizes, "names": new_names,
+                                           "shape": self.shape, "device_type": self._device_type})
+        backends = self._backends[:d] + (self._backends[d],) * len(new_sizes) + \
+            self._backends[d + 1:]
+        groups = _make_groups(self._world, spec, backends)
+        return DeviceMesh._make(self._world, self._device_type, spec, spec, backends, groups)
+
+    @classmethod
+    def from_group(
+        cls,
+        group: Any,
+        device_type: str,
+        mesh: Any = None,
+        *,
+        mesh_dim_names: Sequence[str] | None = None,
+    ) -> DeviceMesh:
+        """Wrap existing groups (one per dim) in a mesh without creating any group."""
+        world = current_world("DeviceMesh.from_group()")
+        device = args.device_type(device_type)
+        groups = list(group) if isinstance(group, list | tuple) else [group]
+        if not groups:
+            raise bad_argument("group", group, "is empty", "pass one group per dim")
+        ours = [_as_our_group(world, g, i) for i, g in enumerate(groups)]
+        if mesh is None:
+            if len(ours) != 1:
+                raise bad_argument("mesh", None, "is required with several groups",
+                                   "pass the rank array the groups come from")
+            mesh = ours[0].ranks
+        shape, ranks = args.explicit_mesh(mesh, world.size)
+        if len(shape) != len(ours):
+            raise bad_argument("group", group, f"gives {len(ours)} groups for a "
+                               f"{len(shape)}-d mesh", "pass one group per dim")
+        names = args.dim_names(mesh_dim_names, len(shape))
+        spec = MeshSpec.from_ranks(shape, ranks, names)
+        if spec.coordinate_of(world.rank) is not None:
+            for d, g in enumerate(ours):
+                if spec.line(world.rank, d) != g.rank_seq:
+                    raise bad_argument(
+                        f"group[{d}]", g.ranks, f"is not the mesh line through rank "
+                        f"{world.rank} along dim {d} ({spec.line(world.rank, d).tolist()})",
+                        "pass the groups in dim order, each matching the mesh",
+                    )
+        backends = tuple(g.backend for g in ours)
+        held = tuple(ours) if spec.coordinate_of(world.rank) is not None else None
+        return cls._make(world, device, spec, spec, backends, held)
+
+    # -- value semantics ---------------------------------------------------------------------
+    def _key(self) -> tuple:
+        return (self._device_type, self._spec)
+
+    def _root_key(self) -> tuple:
+        return (self._device_type, self._root)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DeviceMesh) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        dims = ", ".join(
+            f"{name}={size}" for name, size in zip(self.mesh_dim_names or
+                                                   [str(i) for i in range(self.ndim)],
+                                                   self.shape, strict=True)
+        )
+        if self.size() <= 64:
+            body = f"mesh={self._spec.array().tolist()}"
+        else:
+            body = f"ranks={self._spec.ranks()!r}"
+        return f"DeviceMesh({self._device_type!r}, {dims}; {body})"
+
+    def __reduce__(self):
+        return _unpickle, (self._device_type, self._spec, self._root, self._backends)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _alive(self, what: str) -> None:
+        if not self._world.alive:
+            current_world(what)  # raises NotInitializedError
+            raise ArgumentError(f"{what}: this mesh belongs to a destroyed world. Fix: build "
+                                "a new mesh after init_process_group().")
+
+    def _dim(self, mesh_dim: int | str) -> int:
+        return args.mesh_dim(mesh_dim, self.mesh_dim_names, self.ndim)
+
+    def _dim_or_only(self, mesh_dim: int | str | None, what: str) -> int:
+        self._alive(f"{what}()")
+        if mesh_dim is None:
+            if self.ndim != 1:
+                raise bad_argument(
+                    "mesh_dim", None, f"is required on a {self.ndim}-d mesh",
+                    f"pass an index 0..{self.ndim - 1}"
+                    + (f" or a name in {self.mesh_dim_names}" if self.mesh_dim_names else ""),
+                )
+            return 0
+        return self._dim(mesh_dim)
+
+    def _my_coordinate(self, what: str) -> tuple[int, ...]:
+        self._alive(what)
+        coord = self._spec.coordinate_of(self._world.rank)
+        if coord is None or self._groups is None:
+            raise NotAMemberError(
+                f"{what}: rank {self._world.rank} is not in this mesh. Fix: call it only on "
+                f"ranks for which get_coordinate() is not None."
+            )
+        return coord
+
+    def _check_coordinate(self, coordinate: Sequence[int]) -> tuple[int, ...]:
+        if isinstance(coordinate, str) or not isinstance(coordinate, Sequence):
+            raise bad_argument("coordinate", coordinate, "must be a sequence of ints",
+                               f"pass {self.ndim} ints")
+        coord = tuple(coordinate)
+        if len(coord) != self.ndim or any(
+            isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < s
+            for c, s in zip(coord, self.shape, strict=False)
+        ):
+            raise bad_argument("coordinate", coordinate, f"is not a coordinate of shape "
+                               f"{self.shape}", f"pass {self.ndim} ints within the shape")
+        return coord
+
+    def _resolve_name(self, name: str) -> tuple[int, ...]:
+        """Own dims that ``name`` denotes: one dim, or the dims a flattened name merged."""
+        names = self.mesh_dim_names or ()
+        if name in names:
+            return (names.index(name),)
+        merged = self._world.flattened_names(self._root_key()).get(name)
+        if merged is not None and all(n in names for n in merged):
+            return tuple(names.index(n) for n in merged)
+        known = list(names) + list(self._world.flattened_names(self._root_key()))
+        raise bad_argument("mesh[...]", name, "is not a dim name of this mesh",
+                           f"use one of {tuple(known)}")
+
+
+def _default(world: World, device: str) -> str:
+    """A mesh's default backend: the world's, but gloo for a 'cpu' mesh on an nccl world."""
+    return "gloo" if device == "cpu" and world.backend == "nccl" else world.backend
+
+
+def _make_groups(world: World, spec: MeshSpec, backends: Sequence[str]):
+    """This rank's group along each dim, in dim order; None when the mesh does not hold it."""
+    if spec.coordinate_of(world.rank) is None:
+        return None
+    groups = []
+    for d in range(spec.ndim):
+        name = spec.names[d] if spec.names else str(d)
+        groups.append(world.group(spec.line(world.rank, d), backends[d], f"mesh dim {name}"))
+    return tuple(groups)
+
+
+def _as_our_group(world: World, group: Any, index: int) -> ProcessGroup:
+    if isinstance(group, ProcessGroup):
+        return group
+    if world.engine.is_engine_group(group):
+        import torch.distributed as dist
+
+        ranks = Ranks.of(dist.get_process_group_ranks(group))
+        found = world.find_group(ranks, dist.get_backend(group))
+        if found is not None:
+            return found
+        wrapped = ProcessGroup(ranks, world.rank, dist.get_backend(group), f"wrapped-{index}",
+                               group)
+        world.groups[(ranks.key(), wrapped.backend)] = wrapped
+        return wrapped
+    raise bad_argument(f"group[{index}]", group, "is not a process group",
+                       "pass tensorplay or torch.distributed process groups")
+
+
+def _unpickle(device: str, spec: MeshSpec, root: MeshSpec, backends: tuple[str, ...]):
+    """Rebuild a pickled mesh in the current world, reusing (or making) its groups."""
+    world = current_world("unpickling a DeviceMesh")
+    return DeviceMesh._make(world, device, spec, root, backends,
+                            _make_groups(world, spec, backends))
+
+
+def _setup_cuda(world: World) -> None:
+    """Keep the current CUDA device, else take LOCAL_RANK's; never guess."""
+    if world.backend == "fake":
+        return
+    import torch
+
+    from . import _env
+
+    if not torch.cuda.is_available():
+        raise bad_argument("device_type", "cuda", "CUDA is not available in this process",
+                           "use device_type='cpu', or run where torch.cuda.is_available()")
+    if torch.cuda.is_initialized():
+        log.info("cuda mesh: keeping the current device cuda:%d", torch.cuda.current_device())
+        return
+    local = _env.local_rank_from_env()
+    if local is None:
+        raise ArgumentError(
+            "init_device_mesh('cuda'): no current CUDA device and LOCAL_RANK is not set, so "
+            "the device for this rank is unknown. Fix: launch with tensorplay-run or torchrun "
+            "(they set LOCAL_RANK), or call torch.cuda.set_device(i) first."
+        )
+    torch.cuda.set_device(local % torch.cuda.device_count())
+    log.info("cuda mesh: set device cuda:%d from LOCAL_RANK=%d",
+             local % torch.cuda.device_count(), local)
+
+
+def init_device_mesh(
+    device_type: str,
+    mesh_shape: Sequence[int] | int,
+    *,
+    mesh_dim_names: Sequence[str] | None = None,
+    backend_override: Any = None,
+) -> DeviceMesh:
+    """Build a mesh of ``mesh_shape`` over the whole world, ranks filling it row-major.
+
+    Every rank passes the same arguments (SPMD) and the call returns once every rank has
+    joined: ``init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))`` on 8 ranks.
+    One -1 in mesh_shape is inferred from the world size. The mesh is described by shape and
+    strides, so building it and answering queries costs O(ndim), whatever the world size.
+    """
+    world = current_world("init_device_mesh()")
+    device = args.device_type(device_type)
+    shape = args.mesh_shape(mesh_shape, world.size)
+    names = args.dim_names(mesh_dim_names, len(shape))
+    backends = args.backend_override(backend_override, names, len(shape), _default(world, device))
+    agree(world, "init_device_mesh()", {
+        "device_type": device, "mesh_shape": shape, "mesh_dim_names": names,
+        "backend_override": backends,
+    })
+    if device == "cuda":
+        _setup_cuda(world)
+    spec = MeshSpec.row_major(shape, names)
+    return DeviceMesh._make(world, device, spec, spec, backends,
+                            _make_groups(world, spec, backends))

@@ -1,0 +1,118 @@
+"""The exceptions tensorplay.distributed raises, and the one helper that words them.
+
+Every message names the argument, shows the bad value, says what is accepted and how to fix it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+
+class DistributedError(Exception):
+    """Base class of every error raised by tensorplay.distributed."""
+
+
+class ArgumentError(DistributedError, ValueError):
+    """A public call got a bad value for one of its arguments."""
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """A public call got a value of the wrong type for one of its arguments."""
+
+
+class NotInitializedError(DistributedError, RuntimeError):
+    """A call needs init_process_group() first (or came after destroy_process_group())."""
+
+
+class NotAMemberError(ArgumentError):
+    """This rank was asked to act in a group or mesh that does not contain it."""
+
+
+class BackendError(DistributedError, RuntimeError):
+    """The engine (gloo, nccl, mpi) is unavailable or failed."""
+
+
+class LaunchEnvError(DistributedError, ValueError):
+    """Launcher environment variables are missing, incomplete or contradictory."""
+
+
+class MeshMismatchError(DistributedError, RuntimeError):
+    """Ranks asked for different things in a call that must be identical on every rank.
+
+    ``values`` maps each distinct value (as text) to the ranks that passed it.
+    """
+
+    def __init__(self, what: str, values: Mapping[str, Iterable[int]]):
+        self.what = what
+        self.values = {value: sorted(ranks) for value, ranks in values.items()}
+        lines = [f"ranks disagree on {what}; every rank must pass the same value:"]
+        for value, ranks in self.values.items():
+            lines.append(f"  {value}: passed by ranks {format_ranks(ranks)}")
+        lines.append("Fix: make the call identical on every rank (SPMD); nothing was created.")
+        super().__init__("\n".join(lines))
+
+
+class DistributedTimeoutError(DistributedError, TimeoutError):
+    """A bounded wait expired. ``step`` names the wait, ``missing`` the ranks not seen."""
+
+    def __init__(
+        self, step: str, timeout_s: float, missing: Iterable[int] | None, detail: str = ""
+    ):
+        self.step = step
+        self.timeout_s = timeout_s
+        self.missing = None if missing is None else sorted(missing)
+        who = (
+            "the peers did not answer"
+            if self.missing is None
+            else f"ranks {format_ranks(self.missing)} had not arrived"
+        )
+        text = f"timed out after {timeout_s:g} s in {step}: {who}."
+        if detail:
+            text += f" {detail}"
+        text += (
+            " Fix: check that every rank makes the same calls in the same order and that no rank"
+            " died; raise the limit with init_process_group(timeout=...) or TENSORPLAY_TIMEOUT."
+        )
+        super().__init__(text)
+
+
+class RankFailedError(DistributedError, RuntimeError):
+    """A peer rank died or its connection broke while this rank waited for it."""
+
+
+def format_ranks(ranks: Iterable[int], limit: int = 16) -> str:
+    """Write ranks compactly: [0, 1, 2, 3, 7] -> '0-3, 7'; long lists end with '... (N in all)'."""
+    ordered = sorted(set(ranks))
+    runs: list[str] = []
+    start = prev = None
+    for r in ordered:
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            runs.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = r
+    if start is not None:
+        runs.append(f"{start}" if start == prev else f"{start}-{prev}")
+    if len(runs) > limit:
+        return ", ".join(runs[:limit]) + f", ... ({len(ordered)} in all)"
+    return ", ".join(runs) if runs else "(none)"
+
+
+def bad_argument(
+    name: str,
+    value: object,
+    problem: str,
+    fix: str,
+    *,
+    kind: type[ArgumentError] = ArgumentError,
+) -> ArgumentError:
+    """Build the error for one bad argument: 'name=value: problem. Fix: fix.'"""
+    return kind(f"{name}={value!r}: {problem}. Fix: {fix}.")
+
+
+def bad_type(name: str, value: object, expected: str, fix: str) -> ArgumentTypeError:
+    """Build the error for an argument of the wrong type."""
+    problem = f"expected {expected}, got {type(value).__name__}"
+    return bad_argument(name, value, problem, fix, kind=ArgumentTypeError)  # type: ignore[return-value]

@@ -1,0 +1,186 @@
+"""The one spawn helper of the multi-process tests: start real ranks, run a function on each.
+
+``run(fn, n)`` starts n fresh processes (gloo over 127.0.0.1), calls ``fn(rank, *args)`` on
+each and returns their results in rank order; a failing rank fails the test with its traceback.
+``Pool(n)`` keeps n ranks initialised across many calls (much faster than a spawn per test).
+Every wait has a deadline and every child is killed on the way out.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+_CTX = mp.get_context("spawn")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Failure:
+    """What a rank raised: the exception's type name, message and traceback."""
+
+    kind: str
+    message: str
+    trace: str
+    types: tuple[str, ...]  # names of the exception's classes, most derived first
+
+
+def _env(rank: int, world_size: int, port: int, extra: dict[str, str] | None) -> dict[str, str]:
+    env = {
+        "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    }
+    env.update(extra or {})
+    return env
+
+
+def _capture(fn: Callable, *args: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn(*args)
+    except BaseException as err:  # noqa: BLE001 - reported to the parent
+        return "error", Failure(
+            type(err).__name__, str(err), traceback.format_exc(),
+            tuple(c.__name__ for c in type(err).__mro__),
+        )
+
+
+def _init(timeout_s: float) -> None:
+    import tensorplay.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timeout_s)
+
+
+def _child(rank, world_size, port, env, init, timeout_s, fn, args, results):
+    os.environ.update(_env(rank, world_size, port, env))
+    import tensorplay.distributed as dist
+
+    if init:
+        status, value = _capture(_init, timeout_s)
+        if status == "error":
+            results.put((rank, status, value))
+            return
+    results.put((rank, *_capture(fn, rank, *args)))
+    if init and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def run(
+    fn: Callable,
+    world_size: int,
+    *args: Any,
+    timeout: float = 60,
+    pg_timeout: float = 30,
+    init: bool = True,
+    env: dict[str, str] | None = None,
+    expect_errors: bool = False,
+) -> list[Any]:
+    """Run ``fn(rank, *args)`` on ``world_size`` fresh ranks; results (or Failures) by rank.
+
+    Without ``expect_errors`` any Failure fails the test with that rank's traceback. A rank
+    that has not answered by ``timeout`` gets None (and is killed).
+    """
+    port = free_port()
+    results = _CTX.Queue()
+    procs = [
+        _CTX.Process(target=_child, args=(r, world_size, port, env, init, pg_timeout, fn, args,
+                                          results), daemon=True)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    out: list[Any] = [None] * world_size
+    try:
+        for _ in range(world_size):
+            rank, status, value = results.get(timeout=timeout)
+            out[rank] = value
+    except queue.Empty:
+        pass
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if not expect_errors:
+        _raise_failures(out)
+    return out
+
+
+def _raise_failures(out: list[Any]) -> None:
+    failed = [(r, v) for r, v in enumerate(out) if isinstance(v, Failure)]
+    if failed:
+        rank, failure = failed[0]
+        raise AssertionError(f"rank {rank} raised {failure.kind}: {failure.message}\n"
+                             f"{failure.trace}")
+    missing = [r for r, v in enumerate(out) if v is None]
+    if missing and all(v is None for v in out):
+        raise AssertionError("no rank answered in time")
+
+
+def _pool_child(rank, world_size, port, tasks, results):
+    os.environ.update(_env(rank, world_size, port, None))
+    import tensorplay.distributed as dist
+
+    results.put((rank, *_capture(_init, 60)))
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        fn, args = task
+        results.put((rank, *_capture(fn, rank, *args)))
+    dist.destroy_process_group()
+
+
+class Pool:
+    """``world_size`` ranks that stay initialised; ``pool.run(fn, *args)`` runs on all."""
+
+    def __init__(self, world_size: int, timeout: float = 120):
+        self.world_size = world_size
+        self.timeout = timeout
+        port = free_port()
+        self._results = _CTX.Queue()
+        self._tasks = [_CTX.Queue() for _ in range(world_size)]
+        self._procs = [
+            _CTX.Process(target=_pool_child, args=(r, world_size, port, self._tasks[r],
+                                                   self._results), daemon=True)
+            for r in range(world_size)
+        ]
+        for p in self._procs:
+            p.start()
+        self._collect()  # the init results
+
+    def _collect(self) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        for _ in range(self.world_size):
+            rank, status, value = self._results.get(timeout=self.timeout)
+            out[rank] = value
+        _raise_failures(out)
+        return out
+
+    def run(self, fn: Callable, *args: Any) -> list[Any]:
+        """Results of ``fn(rank, *args)`` on every rank, in rank order."""
+        for q in self._tasks:
+            q.put((fn, args))
+        return self._collect()
+
+    def close(self) -> None:
+        """Stop every rank."""
+        for q in self._tasks:
+            q.put(None)
+        for p in self._procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
