@@ -25,6 +25,13 @@ class Layout:
     dims: tuple[tuple[Mode, ...], ...]
     offset: int = 0
 
+    def __post_init__(self) -> None:
+        # Each dim is stored coalesced ((2, 6), (6, 1) -> (12, 1); a size-1 dim is ((1, 1),)),
+        # so equal layouts compare equal however they were built, and unflatten() can split
+        # a dim that an earlier flatten() made of several modes.
+        dims = tuple(_coalesce(modes) or ((1, 1),) for modes in self.dims)
+        object.__setattr__(self, "dims", dims)
+
     @classmethod
     def row_major(cls, shape: Sequence[int], offset: int = 0) -> Layout:
         """The compact row-major layout of ``shape``: (2, 4) -> strides (4, 1)."""

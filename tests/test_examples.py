@@ -1,0 +1,60 @@
+"""The main job, examples/train_dp_tp.py, run by the launcher on 8 real gloo ranks."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = [sys.executable, "-m", "tensorplay.distributed.run", "--nproc-per-node", "8",
+       "examples/train_dp_tp.py"]
+TOLERANCE = 1e-5
+RANK0 = "[rank 0] "
+
+
+def run_job(*flags: str) -> tuple[int, str, str]:
+    """Run the main job with extra script flags; (exit code, rank 0's stdout lines, stderr)."""
+    done = subprocess.run([*JOB, *flags], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, errors="replace")
+    rank0 = "\n".join(line[len(RANK0):] for line in done.stdout.splitlines()
+                      if line.startswith(RANK0))
+    return done.returncode, rank0, done.stderr
+
+
+def losses(out: str) -> list[float]:
+    """The loss of each step, in step order."""
+    return [float(v) for v in re.findall(r"^step \d+/\d+  loss (\S+)$", out, re.MULTILINE)]
+
+
+def max_diff(out: str) -> float:
+    """The final 'max abs diff' rank 0 reports."""
+    found = re.findall(r"^max abs diff: (\S+) \(tolerance", out, re.MULTILINE)
+    assert len(found) == 1, out
+    return float(found[0])
+
+
+def test_main_job_matches_single_process_training():
+    code, out, err = run_job()
+    assert code == 0, f"exit {code}\n{out}\n{err[-3000:]}"
+    assert "DeviceMesh('cpu', dp=2, tp=4; mesh=[[0, 1, 2, 3], [4, 5, 6, 7]])" in out
+    rows = re.findall(r"^\s+(\d) {2}\((\d), (\d)\)\s+(\[.*?\])\s+(\[.*?\])$", out, re.MULTILINE)
+    assert rows == [
+        (str(r), str(r // 4), str(r % 4), f"[{r % 4}, {r % 4 + 4}]",
+         str(list(range(r // 4 * 4, r // 4 * 4 + 4))))
+        for r in range(8)
+    ], out
+    steps = losses(out)
+    assert len(steps) == 5, out
+    assert steps[-1] < 0.5 * steps[0], steps  # it learns, not only agrees
+    assert 0 <= max_diff(out) < TOLERANCE
+    assert "OK: matches single-process training" in out
+
+
+def test_main_job_fails_when_dp_gradients_are_not_averaged():
+    code, out, err = run_job("--skip-dp-average", "--steps", "2")
+    assert code != 0, out
+    assert max_diff(out) > TOLERANCE
+    assert "MISMATCH: trained weights differ from single-process training" in out
+    assert "tensorplay-run: rank" in err and "failed first (exit code 1)" in err, err[-3000:]
