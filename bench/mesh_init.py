@@ -12,7 +12,8 @@
     set runs one warm-up cycle (imports, first connections) and then --repeats cycles of
     init -> mesh -> destroy. Every rank starts a cycle at the same agreed wall-clock instant,
     so one repeat = (last rank's end) - (common start): the max over ranks. Sets run as
-    ours, torch, torch, ours (--rounds 2), so load drift hits both alike.
+    ours, torch (--rounds 2: ours, torch, torch, ours, so load drift hits both alike; each
+    set costs 8 torch imports, the bulk of the run's time on 2 cores).
 (b) Collectives: in the first tensorplay set, all_reduce (SUM, float32 zeros) along "dp"
     (groups of 2) and "tp" (groups of 4) at 4 B, 1 MiB and 16 MiB: ours
     (tensorplay.distributed.all_reduce(t, group=mesh.get_group(d))) against a direct
@@ -204,6 +205,26 @@ def late_starts(per_rank: list[dict]) -> float:
                for r in per_rank for c in range(1, len(r["setup"])))
 
 
+def wrapper_cost(calls: int = 20000) -> float:
+    """Seconds per tensorplay all_reduce call spent before the engine (fake world, 1 float)."""
+    import torch
+
+    import tensorplay.distributed as tdist
+
+    tdist.init_process_group("fake", rank=0, world_size=WORLD)
+    try:
+        tensor = torch.zeros(1)
+        samples = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(calls // 5):
+                tdist.all_reduce(tensor)
+            samples.append((time.perf_counter() - t0) / (calls // 5))
+        return statistics.median(samples)
+    finally:
+        tdist.destroy_process_group()
+
+
 def fmt_time(seconds: float) -> str:
     if seconds < 1e-3:
         return f"{seconds * 1e6:.0f} µs"
@@ -219,10 +240,11 @@ def fmt_size(nbytes: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="timed set-up cycles per set")
-    parser.add_argument("--rounds", type=int, default=2, help="ours,torch,torch,ours,... sets")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="process-set rounds: ours,torch, then torch,ours, ...")
     parser.add_argument("--iters", type=int, default=20, help="timed calls, 4 B and 1 MiB")
-    parser.add_argument("--big-iters", type=int, default=8, help="timed calls, 16 MiB")
-    parser.add_argument("--warm", type=int, default=3, help="untimed warm-up calls per size")
+    parser.add_argument("--big-iters", type=int, default=6, help="timed calls, 16 MiB")
+    parser.add_argument("--warm", type=int, default=2, help="untimed warm-up calls per size")
     parser.add_argument("--timeout", type=float, default=150.0, help="per process set, s")
     opts = parser.parse_args()
     wall = time.perf_counter()
@@ -288,6 +310,10 @@ def main() -> None:
     print("\nper iteration: max over the 8 ranks of one call's wall time (after an untimed "
           "barrier); shown: median over iterations; paired Δ: median of (ours - direct) per "
           "iteration.")
+
+    guard = wrapper_cost()
+    print(f"\nour all_reduce's own Python cost (argument checks and dispatch, measured in a "
+          f"fake world where nothing moves): {fmt_time(guard)} per call.")
 
     setup_ok = ours <= torch_
     coll_ok = worst <= 1.05

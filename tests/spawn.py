@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,11 +106,7 @@ def run(
         p.start()
     out: list[Any] = [NO_ANSWER] * world_size
     try:
-        for _ in range(world_size):
-            rank, status, value = results.get(timeout=timeout)
-            out[rank] = value
-    except queue.Empty:
-        pass
+        _collect(results, procs, out, timeout)
     finally:
         for p in procs:
             p.join(timeout=5)
@@ -119,6 +116,29 @@ def run(
     if not expect_errors:
         _raise_failures(out)
     return out
+
+
+def _collect(results, procs, out: list[Any], timeout: float) -> None:
+    """Fill ``out`` by rank, waiting up to ``timeout`` for each answer; stop early once every
+    rank that has not answered has exited (killed by a signal, say) and nothing is in flight."""
+    waiting = set(range(len(procs)))
+    deadline = time.monotonic() + timeout
+    while waiting:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            rank, status, value = results.get(timeout=min(left, 0.5))
+        except queue.Empty:
+            if any(procs[r].is_alive() for r in waiting):
+                continue
+            try:  # an exited rank's answer is already in the pipe
+                rank, status, value = results.get(timeout=1)
+            except queue.Empty:
+                return
+        out[rank] = value
+        waiting.discard(rank)
+        deadline = time.monotonic() + timeout
 
 
 def _raise_failures(out: list[Any]) -> None:

@@ -3,24 +3,61 @@
 Each rank reduces a 32-byte digest of its request with MIN and MAX over the world (two tiny
 all_reduces, no pickles); equal extremes mean equal requests. On a difference the ranks gather
 their requests as JSON text and every rank raises the same MeshMismatchError naming which ranks
-passed which value. Each rank also marks its arrival in the store, so a wait that expires can
-say which ranks never came.
+passed which value.
+
+When a check cannot finish, the error says why and who. Each rank marks its arrival at check
+#n in the store (``tensorplay/arrive/<n>/<rank>``) and, once per world, appends ``rank:pid`` to
+its host's list (``tensorplay/host/<hostname>``). So:
+
+- a wait that expires names the ranks that never arrived (DistributedTimeoutError) and leaves
+  a ``tensorplay/gave_up/<n>`` note, so a rank that arrives later fails at once instead of
+  waiting out its own timeout;
+- a broken connection names the ranks on this host whose process is gone and the ranks that
+  never arrived (RankFailedError);
+- a store that cannot be reached names rank 0, which serves it for env:// and tcp://.
+
+Only the store's keys and short text values and int64/uint8 tensors travel; nothing is pickled.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any
 
-from .errors import DistributedTimeoutError, MeshMismatchError, RankFailedError
-from .process_group import World
+from . import _env
+from .errors import (
+    DistributedError,
+    DistributedTimeoutError,
+    MeshMismatchError,
+    RankFailedError,
+    format_ranks,
+)
+
+if TYPE_CHECKING:
+    from .process_group import World
+
+ARRIVE = "tensorplay/arrive/{n}/{rank}"
+GAVE_UP = "tensorplay/gave_up/{n}"
+HOST = "tensorplay/host/{host}"
+DEATH_GRACE_S = 1.0  # a peer's socket closes a moment before its process is reaped
+FIX_FAILED = (
+    "Fix: find the first rank that failed in the launcher's output (a crash, an out-of-memory "
+    "kill, a signal) and fix that; then restart the whole job (a world with a dead rank "
+    "cannot be repaired)."
+)
 
 
 def agree(world: World, what: str, request: dict[str, object]) -> None:
     """Return when every rank of ``world`` passed an equal ``request`` to ``what``.
 
-    Raises MeshMismatchError (same text on every rank) when they differ, and
-    DistributedTimeoutError or RankFailedError naming absent ranks when some never arrive.
+    Raises MeshMismatchError (same text on every rank) when they differ,
+    DistributedTimeoutError naming the ranks that never arrived when the wait expires, and
+    RankFailedError naming dead ranks when a peer's connection or the store breaks.
     """
     if world.engine.NAME == "fake" or world.size == 1:
         return
@@ -29,29 +66,189 @@ def agree(world: World, what: str, request: dict[str, object]) -> None:
     from . import collectives
 
     world.agreements += 1
-    step = f"{what} (cross-rank check #{world.agreements})"
-    arrival = f"tensorplay/arrive/{world.agreements}/"
-    world.store.set(f"{arrival}{world.rank}", what)
+    n = world.agreements
+    step = f"{what} (cross-rank check #{n})"
+    _store(world, step, lambda: _register(world))
+    _store(world, step, lambda: world.store.set(ARRIVE.format(n=n, rank=world.rank), what))
+    gave_up = GAVE_UP.format(n=n)
+    if _store(world, step, lambda: world.store.check([gave_up])):
+        note = _store(world, step, lambda: world.store.get(gave_up)).decode(errors="replace")
+        raise DistributedTimeoutError(
+            step, world.timeout.total_seconds(), None,
+            who=f"rank {world.rank} arrived after the others had given up waiting ({note})",
+            fix="Fix: make this rank reach the call sooner (is it doing extra work or stuck "
+                "before it?), or raise the limit with init_process_group(timeout=...) or "
+                "TENSORPLAY_TIMEOUT; then restart the whole job.",
+        )
     text = json.dumps(request, sort_keys=True, default=str)
     digest = hashlib.sha256(text.encode()).digest()
     words = [int.from_bytes(digest[i : i + 7], "big") for i in range(0, 28, 7)]
     low = torch.tensor(words + [len(text)], dtype=torch.int64)
     high = low.clone()
-    try:
+    with _named_failures(world, step, n):
         collectives.all_reduce(low, collectives.ReduceOp.MIN)
         collectives.all_reduce(high, collectives.ReduceOp.MAX)
-    except (DistributedTimeoutError, RankFailedError) as err:
-        missing = [r for r in range(world.size) if not world.store.check([f"{arrival}{r}"])]
-        raise DistributedTimeoutError(
-            step, world.timeout.total_seconds(), missing, f"({type(err).__name__}: {err})"
-        ) from err
     if torch.equal(low, high):
         return
-    _raise_mismatch(world, what, text, int(high[-1]))
+    with _named_failures(world, step, n):
+        requests = _gather_requests(world, text, int(high[-1]))
+    _raise_mismatch(what, requests)
 
 
-def _raise_mismatch(world: World, what: str, text: str, longest: int) -> None:
-    """Gather every rank's request and raise one MeshMismatchError listing who passed what."""
+@contextmanager
+def named_failures(world: World, step: str) -> Iterator[None]:
+    """Inside the block, turn engine and store failures into our errors naming the lost ranks.
+
+    For work that follows a check, such as creating a mesh's groups:
+    ``with named_failures(world, "init_device_mesh(): creating the group of dim 'tp'"): ...``.
+    A timeout becomes DistributedTimeoutError; a broken connection, or a timeout while a peer
+    on this host is dead, becomes RankFailedError naming it.
+    """
+    with _named_failures(world, step, None):
+        yield
+
+
+@contextmanager
+def _named_failures(world: World, step: str, n: int | None) -> Iterator[None]:
+    if world.engine.NAME == "fake":
+        yield
+        return
+    try:
+        yield
+    except (DistributedTimeoutError, RankFailedError) as err:
+        raise _diagnose(world, step, n, err, isinstance(err, DistributedTimeoutError)) from err
+    except DistributedError:
+        raise
+    except RuntimeError as err:  # the engine's own failures (c10d store, gloo)
+        lowered = str(err).lower()
+        timed_out = "timed out" in lowered or "timeout" in lowered
+        raise _diagnose(world, step, n, err, timed_out) from err
+
+
+def _diagnose(
+    world: World, step: str, n: int | None, err: BaseException, timed_out: bool
+) -> DistributedError:
+    """The error to raise when ``step`` failed: who never arrived, who died, or who is slow."""
+    said = _engine_words(err)
+    timeout_s = world.timeout.total_seconds()
+    try:
+        missing = _missing(world, n) if n is not None else []
+        dead = _dead_on_this_host(world, wait_s=0.0 if timed_out else DEATH_GRACE_S)
+    except RankFailedError as store_err:
+        return store_err
+    never = f"ranks {format_ranks(missing)} never arrived at it" if missing else ""
+    if dead:
+        gone = ", ".join(f"rank {r} (pid {pid})" for r, pid in dead)
+        parts = [f"{step} failed: {gone} died (no longer running on this host)"]
+        if never:
+            parts.append(never)
+        return RankFailedError(
+            "; ".join(parts) + f". Engine said: {said}. {FIX_FAILED}", ranks=[r for r, _ in dead]
+        )
+    if timed_out:
+        if n is not None:
+            _mark_gave_up(world, n, missing)
+        who = None if n is not None else "the other members did not answer"
+        if n is not None and not missing:
+            who = "every rank arrived, but the check did not complete (a rank is stuck or slow)"
+        return DistributedTimeoutError(step, timeout_s, missing if who is None else None,
+                                       f"Engine said: {said}.", who=who)
+    parts = [f"{step} failed: the connection to a peer rank broke"]
+    if never:
+        parts.append(never)
+    else:
+        parts.append("no rank on this host died, so a rank on another host probably did")
+    return RankFailedError(
+        "; ".join(parts) + f". Engine said: {said}. {FIX_FAILED}", ranks=missing or None
+    )
+
+
+def _engine_words(err: BaseException) -> str:
+    """The first line of the engine's own message under ``err`` (200 characters at most)."""
+    root = err
+    while root.__cause__ is not None:
+        root = root.__cause__
+    lines = str(root).strip().splitlines()
+    return (lines[0] if lines else type(root).__name__)[:200]
+
+
+def _store(world: World, step: str, call: Callable[[], Any]) -> Any:
+    """Run one store operation; a failure means the store (rank 0 for env://, tcp://) is gone."""
+    try:
+        return call()
+    except (RuntimeError, OSError) as err:
+        raise RankFailedError(
+            f"{step} failed: the job's store cannot be reached, so the rank serving it "
+            f"(rank 0 for env:// and tcp://) has probably exited or crashed. "
+            f"Engine said: {_engine_words(err)}. {FIX_FAILED}",
+            ranks=[0],
+        ) from err
+
+
+def _register(world: World) -> None:
+    """Once per world: add 'rank:pid' to this host's list, so peers here can see us die."""
+    if world.agreements != 1:
+        return
+    world.store.append(HOST.format(host=_env.hostname()), f"{world.rank}:{os.getpid()};")
+
+
+def _missing(world: World, n: int) -> list[int]:
+    """Ranks that have not marked their arrival at check #n."""
+    keys = [ARRIVE.format(n=n, rank=r) for r in range(world.size)]
+    return _store(world, "listing the ranks that arrived",
+                  lambda: [r for r, key in enumerate(keys) if not world.store.check([key])])
+
+
+def _mark_gave_up(world: World, n: int, missing: list[int]) -> None:
+    """Leave a note so that a rank arriving at check #n later fails at once."""
+    note = (f"rank {world.rank} stopped waiting after {world.timeout.total_seconds():g} s; "
+            f"missing then: {format_ranks(missing)}")
+    with suppress(RuntimeError, OSError):  # the store is gone too: the late rank will see
+        world.store.set(GAVE_UP.format(n=n), note)
+
+
+def _dead_on_this_host(world: World, wait_s: float) -> list[tuple[int, int]]:
+    """(rank, pid) of the ranks registered on this host whose process has gone.
+
+    A peer's sockets close just before its process becomes a zombie, so when ``wait_s`` > 0
+    this looks again for up to that long before answering that none died.
+    """
+    key = HOST.format(host=_env.hostname())
+    deadline = time.monotonic() + wait_s
+    while True:
+        raw = _store(world, "listing the ranks on this host",
+                     lambda: world.store.get(key) if world.store.check([key]) else b"")
+        pairs = []
+        for item in raw.decode().split(";"):
+            if item:
+                rank, pid = item.split(":")
+                pairs.append((int(rank), int(pid)))
+        dead = sorted((r, p) for r, p in pairs if r != world.rank and not _running(p))
+        if dead or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def _gather_requests(world: World, text: str, longest: int) -> list[dict[str, Any]]:
+    """Every rank's request, in rank order, gathered as padded UTF-8 JSON bytes."""
     import torch
 
     from . import collectives
@@ -61,14 +258,29 @@ def _raise_mismatch(world: World, what: str, text: str, longest: int) -> None:
     mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     everyone = torch.zeros(world.size * longest, dtype=torch.uint8)
     collectives.all_gather_into_tensor(everyone, mine)
-    requests = [
+    return [
         json.loads(bytes(everyone[r * longest : (r + 1) * longest].tolist()).rstrip(b"\0"))
         for r in range(world.size)
     ]
+
+
+def _shown(value: Any) -> str:
+    """A JSON value written as Python would: lists as tuples, strings quoted."""
+
+    def tuples(v: Any) -> Any:
+        return tuple(tuples(x) for x in v) if isinstance(v, list) else v
+
+    return repr(tuples(value))
+
+
+def _raise_mismatch(what: str, requests: list[dict[str, Any]]) -> None:
+    """Raise one MeshMismatchError listing who passed what for the first differing field."""
     fields = sorted({key for request in requests for key in request})
-    differing = [f for f in fields if len({json.dumps(r.get(f)) for r in requests}) > 1]
+    differing = [f for f in fields
+                 if len({json.dumps(r.get(f), sort_keys=True) for r in requests}) > 1]
     field = differing[0] if differing else "the request"
     by_value: dict[str, list[int]] = {}
     for rank, request in enumerate(requests):
-        by_value.setdefault(json.dumps(request.get(field)), []).append(rank)
-    raise MeshMismatchError(f"{field} in {what}", by_value)
+        by_value.setdefault(_shown(request.get(field)), []).append(rank)
+    also = f" (also differing: {', '.join(differing[1:])})" if len(differing) > 1 else ""
+    raise MeshMismatchError(f"{field} in {what}{also}", by_value)

@@ -40,6 +40,8 @@ LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 TENSORPLAY_LAUNCHER = "TENSORPLAY_LAUNCHER"
 TENSORPLAY_TIMEOUT = "TENSORPLAY_TIMEOUT"
 TENSORPLAY_HOSTNAME = "TENSORPLAY_HOSTNAME"
@@ -444,3 +446,15 @@ def local_rank_from_env(environ: Mapping[str, str] | None = None) -> int | None:
 def hostname(environ: Mapping[str, str] | None = None) -> str:
     """This host's name: TENSORPLAY_HOSTNAME (to simulate many hosts in tests), else the OS's."""
     return _get(_environ(environ), TENSORPLAY_HOSTNAME) or socket.gethostname()
+
+
+def agent_store_attempt(environ: Mapping[str, str] | None = None) -> int | None:
+    """torchrun's restart count when its agent already serves the store on MASTER_PORT.
+
+    Then every rank, rank 0 included, connects as a client; None when we must serve it.
+    """
+    env = _environ(environ)
+    if _get(env, TORCHELASTIC_USE_AGENT_STORE) != "True":
+        return None
+    restarts = _get(env, TORCHELASTIC_RESTART_COUNT)
+    return 0 if restarts is None else _as_int(TORCHELASTIC_RESTART_COUNT, restarts, 0)

@@ -10,7 +10,7 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 
-from .errors import ArgumentError, bad_argument, bad_type
+from .errors import ArgumentError, ArgumentTypeError, bad_argument, bad_type
 
 DEVICE_TYPES = ("cpu", "cuda")
 BACKENDS = ("gloo", "nccl", "fake")
@@ -114,12 +114,16 @@ def explicit_mesh(value: object, world_size: int) -> tuple[tuple[int, ...], list
             flat = array.reshape(-1)
             if any(isinstance(v, list | tuple | np.ndarray) for v in flat):
                 raise bad_argument("mesh", value, "is ragged", "give every row the same length")
-    if array.ndim == 0 or array.size == 0:
+    if array.ndim == 0:
+        raise bad_argument("mesh", value, "is a single value, not an array of ranks",
+                           f"pass a list of ranks, e.g. [{value!r}]")
+    if array.size == 0:
         raise bad_argument("mesh", value, "is empty", "pass a non-empty array of ranks")
     flat = array.reshape(-1).tolist()
     for v in flat:
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-            raise bad_type("mesh", value, "array of int ranks", f"use ints; found {v!r}")
+            raise bad_argument("mesh", value, f"holds {v!r} ({type(v).__name__}); ranks are "
+                               "ints", "pass whole-number ranks", kind=ArgumentTypeError)
     ranks = [int(v) for v in flat]
     bad = [r for r in ranks if not 0 <= r < world_size]
     if bad:
@@ -160,7 +164,9 @@ def slice_names(value: object) -> tuple[str, ...]:
         raise bad_argument("mesh[...]", value, "is empty", "name at least one dim")
     for name in names:
         if not isinstance(name, str):
-            raise bad_type("mesh[...]", value, "dim names (str)", "slice by names, e.g. mesh['tp']")
+            raise bad_argument("mesh[...]", value, f"holds {name!r} ({type(name).__name__}); "
+                               "dims are sliced by name", "slice by names, e.g. mesh['tp']",
+                               kind=ArgumentTypeError)
     if len(set(names)) != len(names):
         raise bad_argument("mesh[...]", value, "repeats a name", "name each dim once")
     return names

@@ -9,6 +9,8 @@ keeps a table. On a (2, 4) mesh named ("dp", "tp"), rank 5 is at (1, 1); its "tp
 from __future__ import annotations
 
 import hashlib
+import math
+import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -56,14 +58,17 @@ class Ranks:
     __slots__ = ("_layout", "_explicit")
 
     def __init__(self, layout: Layout | None = None, explicit: Sequence[int] | None = None):
+        # An explicit list that a layout enumerates is kept as that layout, so that key()
+        # is the same however the sequence was given.
+        if layout is None and explicit is not None:
+            layout = fit(list(explicit))
         self._layout = layout
-        self._explicit = None if explicit is None else tuple(explicit)
+        self._explicit = None if layout is not None or explicit is None else tuple(explicit)
 
     @classmethod
     def of(cls, values: Sequence[int]) -> Ranks:
         """Ranks of an explicit list, kept as a layout when one enumerates it."""
-        layout = fit(list(values))
-        return cls(layout=layout) if layout is not None else cls(explicit=values)
+        return cls(explicit=values)
 
     def __len__(self) -> int:
         if self._layout is not None:
@@ -72,9 +77,10 @@ class Ranks:
 
     def __getitem__(self, index: int) -> int:
         if self._layout is not None:
-            if not 0 <= index < len(self):
+            n = len(self)
+            if not -n <= index < n:
                 raise IndexError(index)
-            return self._layout.position((index,))
+            return self._layout.position((index % n,))
         return self._explicit[index]
 
     def __iter__(self) -> Iterator[int]:
@@ -82,7 +88,11 @@ class Ranks:
             yield self[i]
 
     def __contains__(self, rank: object) -> bool:
-        return isinstance(rank, int) and self.index(rank) is not None
+        return (
+            isinstance(rank, numbers.Integral)
+            and not isinstance(rank, bool)
+            and self.index(int(rank)) is not None
+        )
 
     def index(self, rank: int) -> int | None:
         """Position of ``rank`` in the group, None when it is not a member."""
@@ -181,12 +191,14 @@ class MeshSpec:
     def ranks(self) -> Ranks:
         """All ranks of the mesh in row-major order."""
         if self.table is None:
-            return Ranks(layout=self.layout.flatten() if self.ndim > 1 else self.layout)
+            return Ranks(layout=Layout((self.layout.modes(),), self.layout.offset))
         return Ranks.of(self.array().reshape(-1).tolist())
 
     def select(self, dims: Sequence[int], rank: int) -> MeshSpec:
         """Sub-mesh of ``dims`` through ``rank`` (the other coordinates fixed at its own)."""
         position = self._position_of(rank)
+        if position is None:
+            raise ValueError(f"rank {rank} is not in the mesh")
         layout = self.layout.select(dims, position)
         names = None if self.names is None else tuple(self.names[d] for d in dims)
         return self._with(layout, names)
@@ -198,20 +210,32 @@ class MeshSpec:
         if self.names is None:
             names = (name,) if name is not None and layout.ndim == 1 else None
         else:
-            kept = [n for d, n in enumerate(self.names) if d not in chosen[1:]]
-            kept[chosen[0]] = name if name is not None else "_".join(
-                self.names[d] for d in chosen
+            merged = name if name is not None else "_".join(self.names[d] for d in chosen)
+            # Same placement as Layout.flatten: the merged dim goes where chosen[0] was.
+            names = tuple(
+                merged if d == chosen[0] else n
+                for d, n in enumerate(self.names)
+                if d == chosen[0] or d not in chosen
             )
-            names = tuple(kept)
         return self._with(layout, names)
 
     def unflatten(self, dim: int, sizes: Sequence[int], names: Sequence[str] | None) -> MeshSpec:
-        """Split ``dim`` into dims of ``sizes`` called ``names``."""
-        layout = self.layout.unflatten(dim, sizes)
+        """Split ``dim`` into dims of ``sizes`` called ``names`` (a reshape of that axis).
+
+        Raises ValueError only when the sizes do not multiply to the dim's size.
+        """
         if self.names is None:
             new_names = None
         else:
             new_names = self.names[:dim] + tuple(names or ()) + self.names[dim + 1 :]
+        try:
+            layout = self.layout.unflatten(dim, sizes)
+        except ValueError:
+            if math.prod(sizes) != self.shape[dim]:
+                raise
+            # No layout makes this reshape (ranks 0..5, 100..105 in rows of 4): keep a table.
+            shape = self.shape[:dim] + tuple(sizes) + self.shape[dim + 1 :]
+            return MeshSpec.from_ranks(shape, self.array().reshape(-1).tolist(), new_names)
         return self._with(layout, new_names)
 
     def array(self):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -58,8 +59,7 @@ def plot(
     if host_of is not None and not callable(host_of):
         raise bad_type("host_of", host_of, "callable rank -> host name",
                        "pass hosts_simulated(world_size, n_hosts) or a function")
-    Figure, Patch, Rectangle, colormaps = _matplotlib()
-
+    mpl = _matplotlib()
     ranks = spec.array()
     cube = ranks.reshape((1,) * (3 - spec.ndim) + spec.shape)  # (panels, rows, columns)
     axis = d + 3 - spec.ndim  # the outlined dim, as an axis of cube
@@ -67,50 +67,56 @@ def plot(
         hosts, names = np.zeros(cube.shape, dtype=np.int32), ("",)
     else:
         hosts, names = host_ids(host_of, cube)
-    palette = [c for p in _PALETTES for c in colormaps[p].colors]
+    palette = [c for p in _PALETTES for c in mpl.colormaps[p].colors]
     panels, n_rows, n_cols = cube.shape
     grid_cols = math.ceil(math.sqrt(panels))
     grid_rows = math.ceil(panels / grid_cols)
     wide, tall = grid_cols * n_cols, grid_rows * n_rows
     cell = min(0.6, 16 / max(wide, tall))  # inches per cell
-    digits = len(str(int(ranks.max())))
-    font = min(11.0, 0.45 * cell * 72, 1.3 * cell * 72 / digits)
+    font = max(6.0, min(11.0, cell * 30))  # for titles and ticks
     legend = host_of is not None and len(np.unique(hosts)) <= 16
-    fig = Figure(figsize=(max(4.0, wide * cell + 1.2 * grid_cols + 0.6),
-                          max(2.5, tall * cell + 1.0 * grid_rows + 1.2 + 0.4 * legend)))
+    fig = mpl.Figure(figsize=(max(5.5, wide * cell + 1.0 * grid_cols + 0.6),
+                              max(2.5, tall * cell + 0.8 * grid_rows + 1.0 + 0.35 * legend)))
     mine = None if rank is None else tuple(int(c) for c in np.argwhere(cube == rank)[0])
+    glyphs = _Digits(mpl, len(str(int(ranks.max()))))
+    rows, cols = np.meshgrid(np.arange(n_rows), np.arange(n_cols), indexing="ij")
 
     for p in range(panels):
         ax = fig.add_subplot(grid_rows, grid_cols, p + 1)
-        for r in range(n_rows):
-            for c in range(n_cols):
-                colour = palette[int(hosts[p, r, c]) % len(palette)] if host_of is not None \
-                    else "#dbe6f4"
-                ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, facecolor=colour,
-                                       edgecolor="white", linewidth=1))
-                ax.text(c, r, str(int(cube[p, r, c])), ha="center", va="center", fontsize=font)
-        _outline(ax, Rectangle, axis, p, n_rows, n_cols, mine, cell)
+        if host_of is None:
+            colours = ["#dbe6f4"] * (n_rows * n_cols)
+        else:
+            colours = [palette[i % len(palette)] for i in hosts[p].reshape(-1).tolist()]
+        boxes = [mpl.Rectangle((c - 0.5, r - 0.5), 1, 1)
+                 for r, c in zip(rows.reshape(-1).tolist(), cols.reshape(-1).tolist(),
+                                 strict=True)]
+        ax.add_collection(mpl.PatchCollection(boxes, facecolors=colours, edgecolors="white",
+                                              linewidths=1))
+        ax.add_artist(mpl.PathPatch(glyphs.labels(cube[p], rows, cols), facecolor="black",
+                                   edgecolor="none", zorder=2))
+        _outline(ax, mpl.Rectangle, axis, p, n_rows, n_cols, mine, cell)
         if mine is not None and mine[0] == p:
-            ax.add_patch(Rectangle((mine[2] - 0.5, mine[1] - 0.5), 1, 1, fill=False,
-                                   edgecolor=_MINE, linewidth=2.5))
+            ax.add_artist(mpl.Rectangle((mine[2] - 0.5, mine[1] - 0.5), 1, 1, fill=False,
+                                       edgecolor=_MINE, linewidth=2.5, zorder=4))
         _axes(ax, spec, n_rows, n_cols, p, font)
 
     title = f"DeviceMesh {spec.shape}"
     if spec.names:
-        title += " (" + ", ".join(spec.names) + ")"
+        title += ": " + " \u00d7 ".join(spec.names)
     what = repr(spec.names[d]) if spec.names else f"dim {d}"
-    note = f"groups along {what} outlined"
+    note = f"boxed: {what} groups"
     if axis == 0 and panels > 1:
-        note = f"groups along {what} run across panels: one cell at the same place in each"
+        note = f"{what} groups run across panels (same cell in each)"
     if rank is not None:
-        note += f"; rank {rank} and its group in red"
+        note += f"; red: rank {rank}" + ("" if axis == 0 and panels > 1 else " and its group")
     fig.suptitle(f"{title}\n{note}", fontsize=max(8.0, min(12.0, font + 1)))
     if legend:
-        handles = [Patch(facecolor=palette[i % len(palette)], edgecolor="grey", label=name)
+        handles = [mpl.Patch(facecolor=palette[i % len(palette)], edgecolor="grey", label=name)
                    for i, name in enumerate(names) if (hosts == i).any()]
         fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8),
                    fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.06 if legend else 0, 1, 1))
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0, (0.35 if legend else 0) / height, 1, 1 - 0.6 / height))
     fig.savefig(target, format=fmt, dpi=110)
     return target
 
@@ -142,15 +148,53 @@ def _check_dim(spec: MeshSpec, dim: int | str | None) -> int:
     return int(dim)
 
 
-def _matplotlib():
+def _matplotlib() -> SimpleNamespace:
     """The few matplotlib pieces plot uses, or ImportError saying how to install them."""
     try:
         import matplotlib
+        from matplotlib.collections import PatchCollection
         from matplotlib.figure import Figure
-        from matplotlib.patches import Patch, Rectangle
+        from matplotlib.patches import Patch, PathPatch, Rectangle
+        from matplotlib.path import Path as MplPath
+        from matplotlib.textpath import TextPath
     except ImportError as err:
         raise ImportError(INSTALL_HINT) from err
-    return Figure, Patch, Rectangle, matplotlib.colormaps
+    return SimpleNamespace(Figure=Figure, Patch=Patch, PathPatch=PathPatch, Rectangle=Rectangle,
+                           PatchCollection=PatchCollection, Path=MplPath, TextPath=TextPath,
+                           colormaps=matplotlib.colormaps)
+
+
+class _Digits:
+    """Cell labels as one filled path: ten digit outlines, shifted and scaled per rank.
+
+    Thousands of text artists take minutes to lay out; one compound path draws in a moment.
+    """
+
+    def __init__(self, mpl: SimpleNamespace, digits: int):
+        self._mpl = mpl
+        shapes = [mpl.TextPath((0, 0), str(i), size=1) for i in range(10)]
+        two = mpl.TextPath((0, 0), "00", size=1).get_extents()
+        one = shapes[0].get_extents()
+        self._advance = two.x1 - one.x1
+        self._middle = (one.y0 + one.y1) / 2
+        self._shapes = [(s.vertices.copy(), s.codes.copy()) for s in shapes]
+        self._size = min(0.42, 0.78 / (digits * self._advance))  # glyph size, in cells
+
+    def labels(self, values: np.ndarray, rows: np.ndarray, cols: np.ndarray):
+        """One path writing values[r, c] centred on cell (r, c) (y grows downwards)."""
+        verts, codes = [], []
+        size = self._size
+        for value, r, c in zip(values.reshape(-1).tolist(), rows.reshape(-1).tolist(),
+                               cols.reshape(-1).tolist(), strict=True):
+            text = str(value)
+            left = c - len(text) * self._advance * size / 2
+            for i, ch in enumerate(text):
+                v, k = self._shapes[ord(ch) - 48]
+                x = left + (v[:, 0] + i * self._advance) * size
+                y = r - (v[:, 1] - self._middle) * size
+                verts.append(np.column_stack((x, y)))
+                codes.append(k)
+        return self._mpl.Path(np.concatenate(verts), np.concatenate(codes))
 
 
 def _outline(ax, Rectangle, axis: int, panel: int, n_rows: int, n_cols: int, mine, cell):
@@ -177,7 +221,7 @@ def _outline(ax, Rectangle, axis: int, panel: int, n_rows: int, n_cols: int, min
             ours = where == (mine[1], mine[2])
         if axis == 0 and not ours:
             continue  # cross-panel groups: only the marked rank's is boxed
-        ax.add_patch(Rectangle(corner, w, h, fill=False, linewidth=width * (1.4 if ours else 1),
+        ax.add_artist(Rectangle(corner, w, h, fill=False, linewidth=width * (1.4 if ours else 1),
                                edgecolor=_MINE if ours else _OUTLINE, zorder=3))
 
 

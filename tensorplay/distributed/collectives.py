@@ -31,6 +31,9 @@ _TORCH_OPS = {
     ReduceOp.MIN: dist.ReduceOp.MIN,
     ReduceOp.MAX: dist.ReduceOp.MAX,
 }
+# torch 2.13 renamed the tensor forms; older releases only have the old names.
+_GATHER_INTO = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_SCATTER_FROM = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _GLOO_DTYPES = {
     torch.float16, torch.bfloat16, torch.float32, torch.float64,
     torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool,
@@ -210,14 +213,17 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
-    """Concatenate every member's ``input_tensor`` (group order) into ``output_tensor``."""
+    """Concatenate every member's ``input_tensor`` (group order) into ``output_tensor``.
+
+    Any output shape with the right number of elements works: (size * n,) or (size, n).
+    """
     pg = resolve_group(group, "all_gather_into_tensor()")
     out = _Buffer(output_tensor, "output_tensor", pg)
     inp = _Buffer(input_tensor, "input_tensor", pg)
     _check_numel("output_tensor", out, inp.tensor.numel() * pg.size())
     return _run("all_gather_into_tensor()", pg, async_op, [out],
-                lambda g: dist.all_gather_into_tensor(
-                    out.tensor, inp.tensor, group=g, async_op=async_op))
+                lambda g: _GATHER_INTO(
+                    out.tensor.view(-1), inp.tensor.view(-1), group=g, async_op=async_op))
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
@@ -228,8 +234,9 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     _check_numel("input", inp, out.tensor.numel() * pg.size())
     torch_op = _op(op)
     return _run("reduce_scatter_tensor()", pg, async_op, [out],
-                lambda g: dist.reduce_scatter_tensor(
-                    out.tensor, inp.tensor, op=torch_op, group=g, async_op=async_op))
+                lambda g: _SCATTER_FROM(
+                    out.tensor.view(-1), inp.tensor.view(-1), op=torch_op, group=g,
+                    async_op=async_op))
 
 
 def all_to_all_single(

@@ -47,37 +47,62 @@ class MeshMismatchError(DistributedError, RuntimeError):
         self.values = {value: sorted(ranks) for value, ranks in values.items()}
         lines = [f"ranks disagree on {what}; every rank must pass the same value:"]
         for value, ranks in self.values.items():
-            lines.append(f"  {value}: passed by ranks {format_ranks(ranks)}")
+            lines.append(f"  {value}: passed by {rank_words(ranks)}")
         lines.append("Fix: make the call identical on every rank (SPMD); nothing was created.")
         super().__init__("\n".join(lines))
 
 
 class DistributedTimeoutError(DistributedError, TimeoutError):
-    """A bounded wait expired. ``step`` names the wait, ``missing`` the ranks not seen."""
+    """A bounded wait expired. ``step`` names the wait, ``missing`` the ranks not seen.
+
+    ``who`` replaces the sentence about absent ranks when the cause is known otherwise (this
+    rank came late, say); ``fix`` replaces the default advice.
+    """
 
     def __init__(
-        self, step: str, timeout_s: float, missing: Iterable[int] | None, detail: str = ""
+        self,
+        step: str,
+        timeout_s: float,
+        missing: Iterable[int] | None,
+        detail: str = "",
+        *,
+        who: str | None = None,
+        fix: str | None = None,
     ):
         self.step = step
         self.timeout_s = timeout_s
         self.missing = None if missing is None else sorted(missing)
-        who = (
-            "the peers did not answer"
-            if self.missing is None
-            else f"ranks {format_ranks(self.missing)} had not arrived"
-        )
+        if who is None:
+            who = (
+                "the peers did not answer"
+                if self.missing is None
+                else f"{rank_words(self.missing)} had not arrived"
+            )
         text = f"timed out after {timeout_s:g} s in {step}: {who}."
         if detail:
             text += f" {detail}"
-        text += (
-            " Fix: check that every rank makes the same calls in the same order and that no rank"
+        text += " " + (fix or (
+            "Fix: check that every rank makes the same calls in the same order and that no rank"
             " died; raise the limit with init_process_group(timeout=...) or TENSORPLAY_TIMEOUT."
-        )
+        ))
         super().__init__(text)
 
 
 class RankFailedError(DistributedError, RuntimeError):
-    """A peer rank died or its connection broke while this rank waited for it."""
+    """A peer rank died or its connection broke while this rank waited for it.
+
+    ``ranks`` lists the ranks known to have failed or gone missing, None when unknown.
+    """
+
+    def __init__(self, message: str, *, ranks: Iterable[int] | None = None):
+        self.ranks = None if ranks is None else sorted(ranks)
+        super().__init__(message)
+
+
+def rank_words(ranks: Iterable[int]) -> str:
+    """'rank 3' for one rank, 'ranks 0-2, 5' for several."""
+    ordered = sorted(set(ranks))
+    return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {format_ranks(ordered)}"
 
 
 def format_ranks(ranks: Iterable[int], limit: int = 16) -> str:

@@ -496,3 +496,11 @@ hosts = st.lists(st.one_of(words, groups), min_size=1, max_size=4).map("".join)
 @given(st.lists(hosts, min_size=1, max_size=4).map(",".join))
 def test_first_host_matches_reference_expansion(nodelist):
     assert first_host(nodelist) == expand(nodelist)[0]
+
+
+def test_torchrun_agent_store_attempt():
+    assert _env.agent_store_attempt({}) is None
+    assert _env.agent_store_attempt({"TORCHELASTIC_USE_AGENT_STORE": "False"}) is None
+    assert _env.agent_store_attempt({"TORCHELASTIC_USE_AGENT_STORE": "True"}) == 0
+    assert _env.agent_store_attempt(
+        {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "2"}) == 2

@@ -40,8 +40,17 @@ def check_available(backend: str) -> None:
 
 def make_tcp_store(
     host: str, port: int, *, rank: int, world_size: int, timeout: timedelta
-) -> dist.TCPStore:
-    """A TCPStore whose server (on rank 0) listens only on ``host``, not on every interface."""
+) -> dist.Store:
+    """A TCPStore whose server (on rank 0) listens only on ``host``, not on every interface.
+
+    Under torchrun, whose agent already serves the store, every rank is a client.
+    """
+    from .. import _env
+
+    attempt = _env.agent_store_attempt()
+    if attempt is not None:
+        client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
+        return dist.PrefixStore(f"tensorplay/attempt_{attempt}/", client)
     if rank != 0:
         return dist.TCPStore(host, port, world_size, False, timeout=timeout)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

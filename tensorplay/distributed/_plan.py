@@ -1,0 +1,145 @@
+"""The planning command: build a mesh in a simulated world and print what one rank would see.
+
+    python -m tensorplay.distributed.device_mesh --shape 2,4 --names dp,tp --hosts 2 --rank 5
+
+starts a "fake" world of 8 ranks as rank 5, builds the (2, 4) mesh with init_device_mesh and
+prints describe(): rank 5 is at (1, 1), its "tp" group is [4, 5, 6, 7] and its "dp" group
+[1, 5], and with 2 hosts all 4 "dp" groups cross hosts while the 2 "tp" groups do not.
+--plot mesh.png also draws it; --host-aware lays ranks out host by host first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+
+from .errors import DistributedError
+
+PROG = "python -m tensorplay.distributed.device_mesh"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of ints (e.g. 2,4 or -1,8)") from None
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty name (e.g. dp,tp)")
+    return names
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Plan a device mesh without any hardware: simulate the world, build the "
+                    "mesh, and print what one rank sees (coordinate, groups, hosts crossed).",
+    )
+    parser.add_argument("--shape", type=_ints, required=True,
+                        help="mesh shape, e.g. 2,4; one -1 is inferred from --world")
+    parser.add_argument("--names", type=_names, help="dim names, e.g. dp,tp")
+    parser.add_argument("--world", type=int, help="world size (default: the product of --shape)")
+    parser.add_argument("--hosts", type=int, default=1,
+                        help="simulated hosts; ranks fill them in blocks (default 1)")
+    parser.add_argument("--rank", type=int, default=0, help="the rank to describe (default 0)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="device type of the mesh (default cpu)")
+    parser.add_argument("--plot", metavar="PATH", help="also draw the mesh to PATH (.png, .svg)")
+    parser.add_argument("--host-aware", action="store_true",
+                        help="order ranks host by host so the inner dims stay inside one host")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit status (0 ok, 1 plot failed, 2 bad arguments)."""
+    parser = _parser()
+    args = list(sys.argv[1:] if argv is None else argv)
+    for i in range(len(args) - 1):  # "--shape -1,8" would read -1,8 as an option
+        if args[i] == "--shape" and args[i + 1][:2].lstrip("-").isdigit():
+            args[i : i + 2] = [f"--shape={args[i + 1]}", ""]
+    args = [a for a in args if a != ""]
+    try:
+        ns = parser.parse_args(args)
+    except SystemExit as stop:  # argparse printed usage and the error (or --help)
+        return int(stop.code or 0)
+    shape = ns.shape
+    if ns.world is None:
+        if -1 in shape:
+            return _usage(parser, f"--shape {_join(shape)} has a -1: give --world to infer it")
+        if any(s < 1 for s in shape):
+            return _usage(parser, f"--shape {_join(shape)}: sizes must be positive (or one -1)")
+        world = math.prod(shape)
+    else:
+        world = ns.world
+    if world < 1:
+        return _usage(parser, f"--world {world}: must be at least 1")
+    if ns.hosts < 1 or world % ns.hosts:
+        return _usage(parser, f"--hosts {ns.hosts}: must be a positive divisor of the world "
+                              f"size {world}")
+    if not 0 <= ns.rank < world:
+        return _usage(parser, f"--rank {ns.rank}: must be in 0..{world - 1}")
+    if ns.names is not None and len(ns.names) != len(shape):
+        return _usage(parser, f"--names {','.join(ns.names)}: {len(ns.names)} names for "
+                              f"{len(shape)} dims")
+    try:
+        return _run(ns, shape, world)
+    except DistributedError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(ns: argparse.Namespace, shape: tuple[int, ...], world: int) -> int:
+    from . import world as dist
+    from ._describe import describe
+    from ._topology import host_aware_order, hosts_simulated
+    from .device_mesh import DeviceMesh, init_device_mesh
+
+    hosts = hosts_simulated(world, ns.hosts)
+    dist.init_process_group("fake", rank=ns.rank, world_size=world)
+    try:
+        mesh = init_device_mesh(ns.device, shape, mesh_dim_names=ns.names)
+        if ns.host_aware:
+            order = host_aware_order(mesh.shape, hosts)
+            if order is None:
+                print("host-aware: row-major order already keeps the inner dims inside hosts "
+                      "(or hosts cannot be split evenly); keeping it\n")
+            else:
+                import numpy as np
+
+                mesh = DeviceMesh(ns.device, np.array(order).reshape(mesh.shape),
+                                  mesh_dim_names=ns.names)
+                print("host-aware: ranks laid out host by host\n")
+        print(describe(mesh.spec, ns.rank, host_of=hosts, device_type=ns.device))
+        if ns.plot:
+            from ._plot import plot
+
+            try:
+                written = plot(mesh.spec, ns.plot, host_of=hosts, rank=ns.rank)
+            except ImportError as err:
+                print(f"{PROG}: error: {err}", file=sys.stderr)
+                return 1
+            print(f"\nwrote {written}")
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _usage(parser: argparse.ArgumentParser, message: str) -> int:
+    parser.print_usage(sys.stderr)
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _join(values: Sequence[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""Faults injected into real gloo jobs: what every surviving rank sees, and how soon.
+
+Each job runs 4 ranks with tests/spawn.py (or the launcher). The ranks first import everything
+and meet at a file barrier, so that only the step under test runs against the short timeout
+(starting 4 processes that import torch on a busy 2-core machine can take longer than it).
+Every test asserts the surviving ranks' errors and a bound on how long they took.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import spawn
+
+N = 4
+PG_TIMEOUT_S = 5.0
+ENV_TIMEOUT_S = 3.0  # TENSORPLAY_TIMEOUT in the absent/late job
+BOUND_S = 30.0  # every failure must be reported within this many seconds of the call
+LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
+
+
+# ------------------------------------------------------------------------------- helpers (ranks)
+
+
+def _mark(tmp: str, tag: str, rank: int) -> None:
+    Path(tmp, f"{tag}.{rank}").write_text(str(os.getpid()))
+
+
+def _wait_for(tmp: str, tag: str, ranks, limit_s: float = 60.0) -> bool:
+    """Wait until every rank in ``ranks`` has marked ``tag``; False when the limit passed."""
+    deadline = time.monotonic() + limit_s
+    while not all(Path(tmp, f"{tag}.{r}").exists() for r in ranks):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _join(rank: int, tmp: str, timeout_s: float | None = PG_TIMEOUT_S) -> None:
+    """Import everything, meet the other ranks at a file barrier, then init the world."""
+    import torch  # noqa: F401 - imported before the barrier, so that it costs no wait time
+
+    import tensorplay.distributed as dist
+    from tensorplay.distributed import collectives, device_mesh  # noqa: F401
+
+    _mark(tmp, "ready", rank)
+    assert _wait_for(tmp, "ready", range(N), limit_s=120), "the ranks never all started"
+    if timeout_s is None:
+        dist.init_process_group("gloo")  # the timeout comes from TENSORPLAY_TIMEOUT
+    else:
+        dist.init_process_group("gloo", timeout=timeout_s)
+
+
+def _attempt(call) -> dict:
+    """Run ``call``; return what it raised (or returned) and how long it took."""
+    from tensorplay.distributed import world
+
+    created = world._WORLD.created
+    start = time.monotonic()
+    try:
+        value = call()
+    except Exception as err:  # noqa: BLE001 - reported to the test
+        return {"error": [c.__name__ for c in type(err).__mro__], "message": str(err),
+                "elapsed": time.monotonic() - start, "made": world._WORLD.created - created,
+                "values": getattr(err, "values", None), "missing": getattr(err, "missing", None),
+                "timeout_s": getattr(err, "timeout_s", None),
+                "ranks": getattr(err, "ranks", None)}
+    return {"error": None, "value": value, "elapsed": time.monotonic() - start,
+            "made": world._WORLD.created - created}
+
+
+def _check_bounded(result: dict, bound_s: float = BOUND_S) -> None:
+    assert result["elapsed"] < bound_s, f"took {result['elapsed']:.1f} s: {result}"
+
+
+# ---------------------------------------------------------------------------- (a), (b): mismatch
+
+
+def mismatch_job(rank: int, tmp: str) -> dict:
+    import torch
+
+    import tensorplay.distributed as dist
+    from tensorplay.distributed.device_mesh import init_device_mesh
+
+    _join(rank, tmp)
+    shape = (4, 1) if rank == 3 else (2, 2)
+    names = ("x", "y") if rank == 2 else ("dp", "tp")
+    out = {
+        "shape": _attempt(lambda: init_device_mesh("cpu", shape)),
+        "names": _attempt(lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=names)),
+    }
+
+    def good():
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        x = torch.tensor([float(rank)])
+        dist.all_reduce(x, group=mesh.get_group("tp"))
+        y = torch.tensor([1.0])
+        dist.all_reduce(y)
+        return [x.item(), y.item()]
+
+    out["good"] = _attempt(good)
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.fixture(scope="module")
+def mismatch(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("mismatch"))
+    return spawn.run(mismatch_job, N, tmp, init=False, timeout=90)
+
+
+def test_shape_mismatch_names_who_passed_what(mismatch):
+    messages = set()
+    for rank, out in enumerate(mismatch):
+        result = out["shape"]
+        assert "MeshMismatchError" in result["error"], (rank, result)
+        assert result["values"] == {"(2, 2)": [0, 1, 2], "(4, 1)": [3]}
+        assert "mesh_shape in init_device_mesh()" in result["message"]
+        assert "(2, 2): passed by ranks 0-2" in result["message"]
+        assert "(4, 1): passed by rank 3" in result["message"]
+        assert "Fix" in result["message"]
+        assert result["made"] == 0  # nothing half-created
+        _check_bounded(result, PG_TIMEOUT_S)  # no rank waited for a timeout
+        messages.add(result["message"])
+    assert len(messages) == 1  # every rank raises the same text
+
+
+def test_names_mismatch_names_who_passed_what(mismatch):
+    for rank, out in enumerate(mismatch):
+        result = out["names"]
+        assert "MeshMismatchError" in result["error"], (rank, result)
+        assert result["values"] == {"('dp', 'tp')": [0, 1, 3], "('x', 'y')": [2]}
+        assert "mesh_dim_names in init_device_mesh()" in result["message"]
+        assert result["made"] == 0
+        _check_bounded(result, PG_TIMEOUT_S)
+
+
+def test_world_still_works_after_a_mismatch(mismatch):
+    for rank, out in enumerate(mismatch):
+        result = out["good"]
+        assert result["error"] is None, (rank, result)
+        tp_sum = 1.0 if rank < 2 else 5.0  # tp groups [0, 1] and [2, 3]
+        assert result["value"] == [tp_sum, float(N)]
+        assert result["made"] == 2
+
+
+# ------------------------------------------------------------------------ (c), (d): absent, late
+
+
+def absent_late_job(rank: int, tmp: str) -> dict:
+    """Ranks 0, 1 build a mesh; rank 2 never calls; rank 3 calls after the others gave up."""
+    from tensorplay.distributed import world
+    from tensorplay.distributed.device_mesh import init_device_mesh
+
+    _join(rank, tmp, timeout_s=None)
+    out = {"timeout_s": world._WORLD.timeout.total_seconds()}
+    if rank == 2:  # never calls; stays alive until the others are done, then exits
+        _wait_for(tmp, "done", [0, 1, 3])
+        return out
+    if rank == 3:  # sleeps past the others' timeout, then calls
+        _wait_for(tmp, "done", [0, 1])
+        out["late"] = _attempt(lambda: init_device_mesh("cpu", (2, 2)))
+        _mark(tmp, "done", rank)
+        return out
+    out["absent"] = _attempt(lambda: init_device_mesh("cpu", (2, 2)))
+    _mark(tmp, "done", rank)
+    _wait_for(tmp, "done", [3])  # rank 0 serves the store: keep it up for the late rank
+    return out
+
+
+@pytest.fixture(scope="module")
+def absent_late(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("absent"))
+    env = {"TENSORPLAY_TIMEOUT": str(ENV_TIMEOUT_S)}
+    return spawn.run(absent_late_job, N, tmp, init=False, env=env, timeout=90)
+
+
+def test_tensorplay_timeout_is_honoured(absent_late):
+    assert [out["timeout_s"] for out in absent_late] == [ENV_TIMEOUT_S] * N
+    for rank in (0, 1):
+        result = absent_late[rank]["absent"]
+        assert result["timeout_s"] == ENV_TIMEOUT_S
+        assert f"timed out after {ENV_TIMEOUT_S:g} s" in result["message"]
+        assert ENV_TIMEOUT_S * 0.8 < result["elapsed"] < ENV_TIMEOUT_S + 10, result
+
+
+def test_absent_ranks_are_named_by_the_ones_that_waited(absent_late):
+    for rank in (0, 1):
+        result = absent_late[rank]["absent"]
+        assert "DistributedTimeoutError" in result["error"], (rank, result)
+        assert result["missing"] == [2, 3]
+        assert "init_device_mesh() (cross-rank check #1)" in result["message"]
+        assert "ranks 2-3 had not arrived" in result["message"]
+        assert "Fix" in result["message"]
+        assert result["made"] == 0
+        _check_bounded(result)
+
+
+def test_a_late_rank_fails_at_once_and_says_it_was_late(absent_late):
+    result = absent_late[3]["late"]
+    assert "DistributedTimeoutError" in result["error"], result
+    assert "rank 3 arrived after the others had given up waiting" in result["message"]
+    assert "missing then: 2-3" in result["message"]
+    assert result["elapsed"] < ENV_TIMEOUT_S, result  # it did not wait out its own timeout
+    assert result["made"] == 0
+
+
+# ---------------------------------------------------------------------------------- (e): SIGKILL
+
+
+def killed_job(rank: int, tmp: str) -> dict:
+    """Rank 3 SIGKILLs itself inside init_device_mesh's cross-rank check."""
+    from tensorplay.distributed import collectives
+    from tensorplay.distributed.device_mesh import init_device_mesh
+
+    _join(rank, tmp)
+    if rank == 3:
+        collectives.all_reduce = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    return {"killed": _attempt(lambda: init_device_mesh("cpu", (2, 2)))}
+
+
+def test_a_killed_rank_is_named_by_the_survivors(tmp_path):
+    start = time.monotonic()
+    out = spawn.run(killed_job, N, str(tmp_path), init=False, timeout=90, expect_errors=True)
+    assert out[3] is spawn.NO_ANSWER  # it died without a word
+    for rank in range(3):
+        result = out[rank]["killed"]
+        assert "RankFailedError" in result["error"], (rank, result)
+        assert result["ranks"] == [3], result
+        assert "rank 3 (pid" in result["message"] and "died" in result["message"]
+        assert "init_device_mesh() (cross-rank check #1)" in result["message"]
+        assert "Fix" in result["message"]
+        _check_bounded(result, PG_TIMEOUT_S)  # a broken connection is seen at once
+    assert time.monotonic() - start < 120
+
+
+# --------------------------------------------------------------------------------- (f): launcher
+
+
+LAUNCHED = """\
+import os, signal, sys, time
+from pathlib import Path
+HERE = Path(__file__).resolve().parent
+RANK = int(os.environ["RANK"])
+(HERE / f"pid_{RANK}").write_text(str(os.getpid()))
+import tensorplay.distributed as dist
+from tensorplay.distributed import collectives
+from tensorplay.distributed.device_mesh import init_device_mesh
+dist.init_process_group("gloo", timeout=float(sys.argv[1]))
+if RANK == 3:
+    collectives.all_reduce = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+try:
+    init_device_mesh("cpu", (2, 2))
+except Exception as err:
+    print(f"rank {RANK} raised {type(err).__name__}: {err}", flush=True)
+    time.sleep(60)  # the launcher must stop us
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_launcher_stops_the_job_when_a_rank_is_killed(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text(textwrap.dedent(LAUNCHED))
+    start = time.monotonic()
+    proc = subprocess.run([*LAUNCHER, "--nproc-per-node", str(N), "--stop-grace-s", "2",
+                           str(job), str(PG_TIMEOUT_S)],
+                          capture_output=True, text=True, timeout=120, errors="replace")
+    elapsed = time.monotonic() - start
+    pids = [int(p.read_text()) for p in sorted(tmp_path.glob("pid_?"))]
+    assert len(pids) == N, proc.stderr[-2000:]
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr[-2000:]
+    assert "rank 3 failed first (killed by signal SIGKILL)" in proc.stderr, proc.stderr[-2000:]
+    assert "stopped ranks 0-2" in proc.stderr
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in pids if _alive(p)] == []  # no process left behind
+    assert elapsed < 60
