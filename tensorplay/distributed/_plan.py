@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--world", type=int, help="world size (default: the product of --shape)")
     parser.add_argument("--hosts", type=int, default=1,
                         help="simulated hosts; ranks fill them in blocks (default 1)")
+    parser.add_argument("--round-robin", action="store_true",
+                        help="deal ranks to hosts round-robin (rank r on host r %% hosts), as "
+                             "some launchers do, instead of in blocks")
     parser.add_argument("--rank", type=int, default=0, help="the rank to describe (default 0)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="device type of the mesh (default cpu)")
@@ -88,6 +91,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.names is not None and len(ns.names) != len(shape):
         return _usage(parser, f"--names {','.join(ns.names)}: {len(ns.names)} names for "
                               f"{len(shape)} dims")
+    if ns.plot is not None:
+        from ._plot import FORMATS
+
+        suffix = ns.plot[ns.plot.rfind("."):].lower() if "." in ns.plot else ""
+        if suffix not in FORMATS:
+            return _usage(parser, f"--plot {ns.plot}: suffix {suffix or '(none)'!r} is not "
+                                  f"one of {', '.join(FORMATS)}")
     try:
         return _run(ns, shape, world)
     except DistributedError as err:
@@ -98,10 +108,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(ns: argparse.Namespace, shape: tuple[int, ...], world: int) -> int:
     from . import world as dist
     from ._describe import describe
-    from ._topology import host_aware_order, hosts_simulated
+    from ._topology import (
+        CROSSING_LIMIT,
+        advice,
+        host_aware_order,
+        hosts_round_robin,
+        hosts_simulated,
+    )
     from .device_mesh import DeviceMesh, init_device_mesh
 
-    hosts = hosts_simulated(world, ns.hosts)
+    hosts = (hosts_round_robin if ns.round_robin else hosts_simulated)(world, ns.hosts)
     dist.init_process_group("fake", rank=ns.rank, world_size=world)
     try:
         mesh = init_device_mesh(ns.device, shape, mesh_dim_names=ns.names)
@@ -117,6 +133,9 @@ def _run(ns: argparse.Namespace, shape: tuple[int, ...], world: int) -> int:
                                   mesh_dim_names=ns.names)
                 print("host-aware: ranks laid out host by host\n")
         print(describe(mesh.spec, ns.rank, host_of=hosts, device_type=ns.device))
+        if not ns.host_aware and mesh.size() <= CROSSING_LIMIT \
+                and advice(mesh.spec, hosts) is not None:
+            print("(in this command: add --host-aware)")
         if ns.plot:
             from ._plot import plot
 

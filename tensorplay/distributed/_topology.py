@@ -60,6 +60,13 @@ class Hosts:
         return cls(names, world_size, world_size // n_hosts)
 
     @classmethod
+    def round_robin(cls, world_size: int, n_hosts: int) -> Hosts:
+        """Rank r on host f"host{r % n_hosts}": a launcher that deals ranks out like cards."""
+        blocks = cls.blocks(world_size, n_hosts)  # same checks
+        table = (np.arange(world_size, dtype=np.int64) % n_hosts).astype(np.int32)
+        return cls(blocks.names, world_size, None, table)
+
+    @classmethod
     def from_names(cls, names: Sequence[str]) -> Hosts:
         """Host of rank r is names[r]: the list a real world gathers at init."""
         index: dict[str, int] = {}
@@ -106,6 +113,11 @@ class Hosts:
 def hosts_simulated(world_size: int, n_hosts: int) -> Hosts:
     """Rank r on host f"host{r // (world_size // n_hosts)}": hosts(16, 2)(9) -> "host1"."""
     return Hosts.blocks(world_size, n_hosts)
+
+
+def hosts_round_robin(world_size: int, n_hosts: int) -> Hosts:
+    """Rank r on host f"host{r % n_hosts}": hosts_round_robin(16, 2)(9) -> "host1"."""
+    return Hosts.round_robin(world_size, n_hosts)
 
 
 def hosts_from_names(names: Sequence[str]) -> Hosts:
