@@ -8,7 +8,6 @@
     dist.all_reduce(x, group=mesh.get_group("tp"))
 """
 
-from .device_mesh import DeviceMesh, init_device_mesh
 from .errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -39,12 +38,22 @@ _COLLECTIVES = (
 )
 
 
+_MESH = ("DeviceMesh", "init_device_mesh")
+
+
 def __getattr__(name: str):
-    """Load the collectives (and torch with them) on first use, so the launcher stays light."""
+    """Load the collectives (and torch with them) and the mesh on first use.
+
+    The launcher stays light, and `python -m tensorplay.distributed.device_mesh` runs cleanly.
+    """
     if name in _COLLECTIVES:
         from . import collectives
 
         return getattr(collectives, name)
+    if name in _MESH:
+        from . import device_mesh
+
+        return getattr(device_mesh, name)
     raise AttributeError(f"module 'tensorplay.distributed' has no attribute {name!r}")
 
 

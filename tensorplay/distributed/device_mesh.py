@@ -138,6 +138,40 @@ class DeviceMesh:
         self._my_coordinate("get_all_groups()")
         return list(self._groups)
 
+    # -- hosts, reports, pictures -------------------------------------------------------------
+    def host_of(self):
+        """Which host each world rank runs on: ``mesh.host_of()(5)`` -> 'node1'.
+
+        Gathered once at init_process_group; a fake world is one host (this machine's name).
+        """
+        self._alive("host_of()")
+        return _world_hosts(self._world)
+
+    def describe(self, rank: int | None = None, host_of=None) -> str:
+        """A text report: shape, rank grid, groups per dim and how many cross hosts, and the
+        coordinate and groups of ``rank`` (default this process's rank).
+
+        On a (2, 4) ("dp", "tp") mesh over 2 hosts, rank 5 is at (1, 1), its "tp" group is
+        [4, 5, 6, 7] (1 host) and its "dp" group [1, 5] (2 hosts); all 4 "dp" groups cross.
+        """
+        from ._describe import describe
+
+        self._alive("describe()")
+        return describe(self._spec, self._world.rank if rank is None else rank,
+                        host_of=self.host_of() if host_of is None else host_of,
+                        device_type=self._device_type, backends=self._backends)
+
+    def plot(self, path, dim: int | str | None = None, rank: int | None = None, host_of=None):
+        """Draw the mesh to ``path`` (.png or .svg; needs matplotlib): cells coloured by host,
+        groups of ``dim`` (default the last) outlined, ``rank`` (default this one) in red."""
+        from ._plot import plot
+
+        self._alive("plot()")
+        if rank is None and self._spec.coordinate_of(self._world.rank) is not None:
+            rank = self._world.rank
+        return plot(self._spec, path, host_of=self.host_of() if host_of is None else host_of,
+                    dim=dim, rank=rank)
+
     # -- new meshes from this one -----------------------------------------------------------
     def __getitem__(self, names: str | tuple[str, ...]) -> DeviceMesh:
         """The sub-mesh of the named dims through this rank; it reuses this mesh's groups."""
@@ -401,6 +435,19 @@ def _as_our_group(world: World, group: Any, index: int) -> ProcessGroup:
                        "pass tensorplay or torch.distributed process groups")
 
 
+def _world_hosts(world: World):
+    """The world's host map, built on first use from the names gathered at init."""
+    if world.hosts is None:
+        from . import _env
+        from ._topology import Hosts, hosts_from_names
+
+        if world.hostnames is None:  # fake or 1-rank world: everything runs here
+            world.hosts = Hosts.blocks(world.size, 1, names=[_env.hostname()])
+        else:
+            world.hosts = hosts_from_names(world.hostnames)
+    return world.hosts
+
+
 def _unpickle(device: str, spec: MeshSpec, root: MeshSpec, backends: tuple[str, ...]):
     """Rebuild a pickled mesh in the current world, reusing (or making) its groups."""
     world = current_world("unpickling a DeviceMesh")
@@ -440,8 +487,12 @@ def init_device_mesh(
     *,
     mesh_dim_names: Sequence[str] | None = None,
     backend_override: Any = None,
+    host_aware: bool = False,
 ) -> DeviceMesh:
     """Build a mesh of ``mesh_shape`` over the whole world, ranks filling it row-major.
+
+    host_aware=True lays ranks out host by host instead, so the innermost dims' groups stay
+    inside one host when a launcher dealt ranks to hosts unevenly (e.g. round-robin).
 
     Every rank passes the same arguments (SPMD) and the call returns once every rank has
     joined: ``init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))`` on 8 ranks.
@@ -453,12 +504,35 @@ def init_device_mesh(
     shape = args.mesh_shape(mesh_shape, world.size)
     names = args.dim_names(mesh_dim_names, len(shape))
     backends = args.backend_override(backend_override, names, len(shape), _default(world, device))
+    if not isinstance(host_aware, bool):
+        raise bad_argument("host_aware", host_aware, "must be True or False",
+                           "pass host_aware=True to order ranks host by host")
     agree(world, "init_device_mesh()", {
         "device_type": device, "mesh_shape": shape, "mesh_dim_names": names,
-        "backend_override": backends,
+        "backend_override": backends, "host_aware": host_aware,
     })
     if device == "cuda":
         _setup_cuda(world)
     spec = MeshSpec.row_major(shape, names)
+    if host_aware or world.hostnames is not None:
+        from . import _topology
+
+        hosts = _world_hosts(world)
+        if host_aware:
+            order = _topology.host_aware_order(shape, hosts)
+            if order is not None:
+                spec = MeshSpec.from_ranks(shape, order, names)
+        elif world.rank == 0 and spec.size <= _topology.CROSSING_LIMIT:
+            hint = _topology.advice(spec, hosts)
+            if hint is not None:
+                log.warning("init_device_mesh%s: %s", shape, hint)
     return DeviceMesh._make(world, device, spec, spec, backends,
                             _make_groups(world, spec, backends))
+
+
+if __name__ == "__main__":
+    import sys
+
+    from ._plan import main
+
+    sys.exit(main())

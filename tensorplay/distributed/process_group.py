@@ -158,6 +158,8 @@ class World:
     created: int = 0  # groups this rank has helped create (not counting the world)
     agreements: int = 0  # cross-rank checks run so far (names their store keys)
     alive: bool = True
+    hostnames: tuple[str, ...] | None = None  # host of each rank, gathered at init (real worlds)
+    hosts: Any = None  # the _topology.Hosts built from hostnames on first use
 
     def __post_init__(self) -> None:
         ranks = Ranks(layout=Layout((((self.size, 1),),)))

@@ -124,7 +124,22 @@ def init_process_group(
     _WORLD = World(
         rank, world_size, backend, wait, engine, store, engine_default_group=engine_group
     )
+    if store is not None and world_size > 1:
+        _WORLD.hostnames = _gather_hostnames(store, rank, world_size)
     log.debug("joined world: rank %d of %d, backend %s", rank, world_size, backend)
+
+
+def _gather_hostnames(store, rank: int, world_size: int) -> tuple[str, ...]:
+    """Every rank's host name, through the rendezvous store: O(N) store operations in all.
+
+    Each rank posts its name; rank 0 collects them into one key that every rank reads.
+    """
+    key = "tensorplay/hosts"
+    store.set(f"{key}/{rank}", _env.hostname())
+    if rank == 0:
+        names = [store.get(f"{key}/{r}").decode() for r in range(world_size)]
+        store.set(key, "\n".join(names))
+    return tuple(store.get(key).decode().split("\n"))
 
 
 def _from_launch(launch: _env.LaunchEnv | None, field: str, var: str) -> int:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tensorplay" / "distributed"
-PURE = ["_layout", "_mesh_spec", "_mesh_args", "_env", "errors", "run"]
+PURE = ["_layout", "_mesh_spec", "_mesh_args", "_env", "errors", "run", "_topology",
+        "_describe", "_plot", "_plan"]
 ENGINES = {"torch", "mpi4py"}
 
 

@@ -1,0 +1,160 @@
+"""The planning command: a simulated world, a mesh, its report; clear usage errors (exit 2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+import tensorplay.distributed as dist
+from tensorplay.distributed._plan import main
+
+PLAN = [sys.executable, "-m", "tensorplay.distributed._plan"]
+
+
+@pytest.fixture(autouse=True)
+def no_world_left_behind():
+    assert not dist.is_initialized()
+    yield
+    assert not dist.is_initialized(), "main() must destroy the world it started"
+
+
+def test_worked_plan_rank_5_of_a_2x4_mesh_on_2_hosts(capsys):
+    assert main(["--shape", "2,4", "--names", "dp,tp", "--hosts", "2", "--rank", "5"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "DeviceMesh (2, 4) on cpu: 8 ranks"
+    assert "  hosts  2, 4 ranks each" in out
+    assert "  0    dp    2     4       4 of 4" in out
+    assert "  1    tp    4     2       0 of 2" in out
+    assert "  coordinate     (1, 1)  dp=1, tp=1" in out
+    assert "  host           host1" in out
+    assert "  0    dp    1           2      [1, 5]" in out
+    assert "  1    tp    1           1      [4, 5, 6, 7]" in out
+
+
+def test_defaults_rank_0_one_host(capsys):
+    assert main(["--shape", "2,4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "  hosts  1, 8 ranks each" in out
+    assert "  coordinate     (0, 0)" in out
+    assert "  1    -     0           1      [0, 1, 2, 3]" in out
+
+
+def test_round_robin_hosts_get_advice_and_host_aware_fixes_it(capsys):
+    argv = ["--shape", "4,4", "--names", "dp,tp", "--hosts", "2", "--round-robin", "--rank", "5"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "  1    tp    4     4       4 of 4" in out
+    assert out[-2].startswith("advice: mesh dim 'tp': 4 of 4 groups cross hosts")
+    assert out[-1] == "(in this command: add --host-aware)"
+
+    assert main([*argv, "--host-aware"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "host-aware: ranks laid out host by host"
+    grid = [line for line in out if " | " in line]
+    assert grid == ["  0 |   0   2   4   6", "  1 |   8  10  12  14", "  2 |   1   3   5   7",
+                    "  3 |   9  11  13  15"]
+    assert "  1    tp    4     4       0 of 4" in out
+    assert "  coordinate     (2, 2)  dp=2, tp=2" in out
+    assert "  1    tp    2           1      [1, 3, 5, 7]" in out
+    assert not any(line.startswith("advice") for line in out)
+
+
+def test_host_aware_with_block_hosts_keeps_row_major(capsys):
+    assert main(["--shape", "2,4", "--hosts", "2", "--host-aware"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("host-aware: row-major order already keeps the inner dims inside")
+    assert "  0 |  0  1  2  3" in out
+
+
+def test_a_million_ranks_with_an_inferred_dim(capsys):
+    start = time.perf_counter()
+    argv = ["--shape", "-1,8,8", "--world", "1048576", "--names", "dp,x,y", "--hosts", "128",
+            "--rank", "1000"]
+    assert main(argv) == 0
+    took = time.perf_counter() - start
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "DeviceMesh (16,384, 8, 8) on cpu: 1,048,576 ranks"
+    assert "  coordinate     (15, 5, 0)  dp=15, x=5, y=0" in out
+    assert "  ... (16,382 more slices)" in out
+    assert took < 20, took
+
+
+def test_plot_is_written(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "mesh.png"
+    assert main(["--shape", "2,4", "--names", "dp,tp", "--hosts", "2", "--plot", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {path}"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_fails_with_the_install_hint(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["--shape", "2,4", "--plot", str(tmp_path / "m.svg")]) == 1
+    assert "mesh.plot needs matplotlib: pip install 'tensorplay[plot]'" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "the following arguments are required: --shape"),
+    (["--shape", "2,x"], "'2,x' is not a comma-separated list of ints"),
+    (["--shape", "-1,4"], "--shape -1,4 has a -1: give --world to infer it"),
+    (["--shape", "2,0"], "--shape 2,0: sizes must be positive"),
+    (["--shape", "2,4", "--hosts", "3"], "--hosts 3: must be a positive divisor of the world "
+                                         "size 8"),
+    (["--shape", "2,4", "--rank", "8"], "--rank 8: must be in 0..7"),
+    (["--shape", "2,4", "--names", "dp"], "--names dp: 1 names for 2 dims"),
+    (["--shape", "2,4", "--names", "dp,"], "'dp,' has an empty name"),
+    (["--shape", "2,4", "--world", "0"], "--world 0: must be at least 1"),
+    (["--shape", "2,4", "--plot", "m.gif"], "--plot m.gif: suffix '.gif' is not one of .png, "
+                                            ".svg"),
+    (["--shape", "2,4", "--world", "16"], "mesh_shape=(2, 4): holds 8 ranks but the world "
+                                          "has 16"),
+    (["--shape", "-1,3", "--world", "8"], "the other sizes (3) do not divide the world size 8"),
+    (["--shape", "2,4", "--names", "dp,dp"], "repeats 'dp'"),
+    (["--shape", "2,4", "--device", "tpu"], "invalid choice: 'tpu'"),
+])
+def test_usage_errors_exit_2(capsys, argv, message):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert message in captured.err
+    assert "error:" in captured.err
+
+
+def test_help_exits_0(capsys):
+    assert main(["--help"]) == 0
+    assert "--host-aware" in capsys.readouterr().out
+
+
+def test_an_existing_world_is_left_alone(capsys):
+    dist.init_process_group("fake", rank=0, world_size=4)
+    try:
+        assert main(["--shape", "2,4"]) == 2
+        assert "already joined a world" in capsys.readouterr().err
+        assert dist.get_world_size() == 4
+    finally:
+        dist.destroy_process_group()
+
+
+def test_runs_as_a_module():
+    done = subprocess.run([*PLAN, "--shape", "2,4", "--names", "dp,tp", "--hosts", "2",
+                           "--rank", "5"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "  1    tp    1           1      [4, 5, 6, 7]" in done.stdout.splitlines()
+    bad = subprocess.run([*PLAN, "--shape", "2,4", "--rank", "9"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2
+    assert "--rank 9: must be in 0..7" in bad.stderr
+
+
+def test_planning_loads_neither_torch_nor_matplotlib():
+    code = ("import sys; from tensorplay.distributed._plan import main; "
+            "assert main(['--shape', '2,4', '--hosts', '2']) == 0; "
+            "print('torch' in sys.modules, 'matplotlib' in sys.modules, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "False False"
