@@ -189,8 +189,7 @@ class World:
             engine_group = self.engine.new_group(name, members, backend, self.timeout, desc)
             self.created += 1
         group = ProcessGroup(ranks, self.rank, backend, name, engine_group)
-        if group.is_member:
-            self.groups[key] = group
+        self.groups[key] = group
         return group
 
     def register_flatten(self, root_key: tuple, name: str, dims: tuple) -> None:

@@ -16,10 +16,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from ..errors import BackendError
+from ..errors import BackendError, DistributedTimeoutError
 
 NAME = "torch"
 BACKENDS = ("gloo", "nccl")
+_JOINED = "tensorplay/joined/"
 
 
 def default_backend() -> str:
@@ -86,15 +87,33 @@ def init_world(
     timeout: timedelta,
     master: tuple[str, int] | None,
 ) -> tuple[Any, Any]:
-    """Start c10d's default group; returns (engine group, store)."""
+    """Start c10d's default group; returns (engine group, store).
+
+    A rendezvous that times out says which ranks never joined (each rank marks its arrival
+    in the store first).
+    """
     check_available(backend)
     if master is not None:
-        store = make_tcp_store(
-            master[0], master[1], rank=rank, world_size=world_size, timeout=timeout
-        )
-        dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world_size, timeout=timeout
-        )
+        step = f"init_process_group rendezvous at {master[0]}:{master[1]}"
+        try:
+            store = make_tcp_store(
+                master[0], master[1], rank=rank, world_size=world_size, timeout=timeout
+            )
+        except (RuntimeError, dist.DistError) as err:
+            raise DistributedTimeoutError(
+                step, timeout.total_seconds(), [0],
+                f"Rank 0 serves the store there and never answered ({_first_line(err)}).",
+            ) from err
+        store.set(f"{_JOINED}{rank}", "1")
+        try:
+            dist.init_process_group(
+                backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+            )
+        except (RuntimeError, dist.DistError) as err:
+            raise DistributedTimeoutError(
+                step, timeout.total_seconds(), absent(store, world_size, _JOINED),
+                f"({_first_line(err)})",
+            ) from err
     else:
         dist.init_process_group(
             backend,
@@ -105,6 +124,18 @@ def init_world(
         )
         store = c10d._get_default_store()
     return dist.group.WORLD, store
+
+
+def absent(store: Any, world_size: int, prefix: str) -> list[int] | None:
+    """Ranks that never set ``prefix + rank`` in the store; None when the store is gone."""
+    try:
+        return [r for r in range(world_size) if not store.check([f"{prefix}{r}"])]
+    except (RuntimeError, dist.DistError):  # rank 0, which serves the store, has left
+        return None
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
 
 
 def new_group(name: str, ranks: list[int], backend: str, timeout: timedelta, desc: str) -> Any:

@@ -1,0 +1,76 @@
+"""The world: joining, asking it about ranks and groups, and a rendezvous that cannot hang."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import tensorplay.distributed as dist
+from tests import spawn
+
+
+def queries_job(rank: int):
+    group = dist.new_group([6, 2, 4])  # kept in this order, not sorted
+    again = dist.new_group([6, 2, 4])
+    x = torch.tensor([float(rank)])
+    if group.rank() >= 0:
+        dist.all_reduce(x, group=group)
+    return {
+        "initialized": dist.is_initialized(), "rank": dist.get_rank(),
+        "size": dist.get_world_size(), "backend": dist.get_backend(),
+        "group_rank": dist.get_rank(group), "group_size": dist.get_world_size(group),
+        "ranks": dist.get_process_group_ranks(group), "same": again is group,
+        "torch_ranks": None if group.engine_group is None
+        else torch.distributed.get_process_group_ranks(group.engine_group),
+        "sum": x.item(), "world_ranks": dist.get_process_group_ranks(),
+    }
+
+
+def test_world_queries_and_new_group_keep_the_given_order(world8):
+    for rank, got in enumerate(world8.run(queries_job)):
+        assert got["initialized"] and got["rank"] == rank and got["size"] == 8
+        assert got["backend"] == "gloo" and got["world_ranks"] == list(range(8))
+        assert got["ranks"] == [6, 2, 4] and got["group_size"] == 3 and got["same"]
+        assert got["group_rank"] == ([6, 2, 4].index(rank) if rank in (6, 2, 4) else -1)
+        if rank in (6, 2, 4):
+            assert got["torch_ranks"] == [6, 2, 4] and got["sum"] == 12.0
+        else:
+            assert got["torch_ranks"] is None and got["sum"] == rank
+
+
+def lonely_rendezvous(rank: int):
+    start = time.monotonic()
+    try:
+        dist.init_process_group("gloo", world_size=3, rank=rank, timeout=3)
+    except dist.DistributedTimeoutError as err:
+        return err.missing, str(err), time.monotonic() - start
+    return "joined"
+
+
+def test_rendezvous_names_the_rank_that_never_came():
+    # ranks 0 and 1 of a world of 3 start; rank 2 never does
+    results = spawn.run(lonely_rendezvous, 2, init=False, timeout=90)
+    missing, text, elapsed = results[0]
+    assert missing == [2] and "rank 2" in text and "rendezvous" in text
+    assert elapsed < 45
+    assert results[1][0] in ([2], None)  # rank 1 may find the store already gone
+
+
+def test_calls_before_init_say_how_to_fix():
+    assert not dist.is_initialized()
+    with pytest.raises(dist.NotInitializedError, match="init_process_group"):
+        dist.get_rank()
+    with pytest.raises(dist.NotInitializedError, match="Fix"):
+        dist.new_group([0])
+
+
+def test_fake_world_is_any_rank_of_any_size(fake_world):
+    fake_world(123_456, 1_000_000)
+    assert dist.get_rank() == 123_456 and dist.get_world_size() == 1_000_000
+    assert dist.get_backend() == "fake"
+    x = torch.ones(2)
+    assert dist.all_reduce(x) is None and x.tolist() == [1.0, 1.0]  # left as it is
+    group = dist.new_group([5, 123_456])
+    assert group.rank() == 1 and dist.get_process_group_ranks(group) == [5, 123_456]
