@@ -233,3 +233,31 @@ def test_queries_in_a_simulated_world_need_no_processes(fake_world):
     assert mesh.get_group("dp").ranks == [1, 5]
     assert mesh.get_rank((0, 3)) == 3 and mesh.size("tp") == 4 and mesh.size() == 8
     assert mesh["tp"].mesh.tolist() == [4, 5, 6, 7]
+
+
+def hosts_job(rank: int):
+    import os
+
+    os.environ["TENSORPLAY_HOSTNAME"] = f"node{rank % 2}"  # a round-robin launcher on 2 hosts
+    dist.init_process_group("gloo", timeout=30)
+    plain = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    aware = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"), host_aware=True)
+    out = {
+        "host": plain.host_of()(rank), "others": [plain.host_of()(r) for r in range(4)],
+        "aware_mesh": aware.mesh.tolist(), "aware_tp": aware.get_group("tp").ranks,
+        "tp_sum": _sum_over(aware.get_group("tp")), "report": aware.describe(),
+    }
+    dist.destroy_process_group()
+    return out
+
+
+def test_hosts_are_gathered_and_host_aware_keeps_tp_inside_a_host():
+    from tests import spawn
+
+    for rank, out in enumerate(spawn.run(hosts_job, 4, init=False, timeout=120)):
+        assert out["host"] == f"node{rank % 2}"
+        assert out["others"] == ["node0", "node1", "node0", "node1"]
+        assert out["aware_mesh"] == [[0, 2], [1, 3]]
+        assert out["aware_tp"] == ([0, 2] if rank % 2 == 0 else [1, 3])
+        assert out["tp_sum"] == sum(out["aware_tp"])
+        assert "0 of 2" in out["report"]  # no "tp" group crosses a host
