@@ -52,6 +52,8 @@ class DeviceMesh:
             "device_type": device, "mesh": ranks, "shape": shape, "mesh_dim_names": names,
             "backend_override": backends,
         })
+        if device == "cuda":
+            _setup_cuda(world)
         self._init(world, device, spec, spec, backends, _make_groups(world, spec, backends))
 
     def _init(self, world, device, spec, root, backends, groups) -> None:
@@ -456,8 +458,8 @@ def _unpickle(device: str, spec: MeshSpec, root: MeshSpec, backends: tuple[str, 
 
 
 def _setup_cuda(world: World) -> None:
-    """Keep the current CUDA device, else take LOCAL_RANK's; never guess."""
-    if world.backend == "fake":
+    """Keep the current CUDA device, else take LOCAL_RANK's; never guess. Logged once."""
+    if world.backend == "fake" or world.cuda_device is not None:
         return
     import torch
 
@@ -467,7 +469,8 @@ def _setup_cuda(world: World) -> None:
         raise bad_argument("device_type", "cuda", "CUDA is not available in this process",
                            "use device_type='cpu', or run where torch.cuda.is_available()")
     if torch.cuda.is_initialized():
-        log.info("cuda mesh: keeping the current device cuda:%d", torch.cuda.current_device())
+        world.cuda_device = torch.cuda.current_device()
+        log.info("cuda mesh: keeping the current device cuda:%d", world.cuda_device)
         return
     local = _env.local_rank_from_env()
     if local is None:
@@ -476,9 +479,9 @@ def _setup_cuda(world: World) -> None:
             "the device for this rank is unknown. Fix: launch with tensorplay-run or torchrun "
             "(they set LOCAL_RANK), or call torch.cuda.set_device(i) first."
         )
-    torch.cuda.set_device(local % torch.cuda.device_count())
-    log.info("cuda mesh: set device cuda:%d from LOCAL_RANK=%d",
-             local % torch.cuda.device_count(), local)
+    world.cuda_device = local % torch.cuda.device_count()
+    torch.cuda.set_device(world.cuda_device)
+    log.info("cuda mesh: set device cuda:%d from LOCAL_RANK=%d", world.cuda_device, local)
 
 
 def init_device_mesh(

@@ -156,6 +156,7 @@ class World:
     groups: dict[tuple, ProcessGroup] = field(default_factory=dict)
     flattened: dict[tuple, dict[str, tuple]] = field(default_factory=dict)
     created: int = 0  # groups this rank has helped create (not counting the world)
+    cuda_device: int | None = None  # chosen once by the first "cuda" mesh
     agreements: int = 0  # cross-rank checks run so far (names their store keys)
     alive: bool = True
     hostnames: tuple[str, ...] | None = None  # host of each rank, gathered at init (real worlds)

@@ -261,3 +261,22 @@ def test_hosts_are_gathered_and_host_aware_keeps_tp_inside_a_host():
         assert out["aware_tp"] == ([0, 2] if rank % 2 == 0 else [1, 3])
         assert out["tp_sum"] == sum(out["aware_tp"])
         assert "0 of 2" in out["report"]  # no "tp" group crosses a host
+
+
+def cuda_job(rank: int):
+    try:
+        init_device_mesh("cuda", (1,))
+    except dist.ArgumentError as err:
+        return str(err)
+    return "built"
+
+
+def test_cuda_mesh_without_cuda_says_how_to_fix():
+    if torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("this machine has CUDA")
+    from tests import spawn
+
+    (message,) = spawn.run(cuda_job, 1)
+    assert "CUDA is not available" in message and "device_type='cpu'" in message
