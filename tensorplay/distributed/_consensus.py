@@ -13,7 +13,8 @@ its host's list (``tensorplay/host/<hostname>``). So:
   a ``tensorplay/gave_up/<n>`` note, so a rank that arrives later fails at once instead of
   waiting out its own timeout;
 - a broken connection names the ranks on this host whose process is gone and the ranks that
-  never arrived (RankFailedError);
+  never arrived (RankFailedError); the host's rank:pid list is read once after the first
+  check, so naming the dead needs no store (rank 0, which serves it, may have exited);
 - a store that cannot be reached names rank 0, which serves it for env:// and tcp://.
 
 Only the store's keys and short text values and int64/uint8 tensors travel; nothing is pickled.
@@ -24,7 +25,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
@@ -36,6 +39,7 @@ from .errors import (
     MeshMismatchError,
     RankFailedError,
     format_ranks,
+    rank_words,
 )
 
 if TYPE_CHECKING:
@@ -45,6 +49,9 @@ ARRIVE = "tensorplay/arrive/{n}/{rank}"
 GAVE_UP = "tensorplay/gave_up/{n}"
 HOST = "tensorplay/host/{host}"
 DEATH_GRACE_S = 1.0  # a peer's socket closes a moment before its process is reaped
+# rank -> pid of this host's ranks, per world, read once after its first check: a diagnosis
+# must not need the store, which dies with rank 0 (often just after its own error).
+_HOST_PIDS: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKeyDictionary()
 FIX_FAILED = (
     "Fix: find the first rank that failed in the launcher's output (a crash, an out-of-memory "
     "kill, a signal) and fix that; then restart the whole job (a world with a dead rank "
@@ -68,7 +75,8 @@ def agree(world: World, what: str, request: dict[str, object]) -> None:
     world.agreements += 1
     n = world.agreements
     step = f"{what} (cross-rank check #{n})"
-    _store(world, step, lambda: _register(world))
+    if n == 1:
+        _store(world, step, lambda: register(world))
     _store(world, step, lambda: world.store.set(ARRIVE.format(n=n, rank=world.rank), what))
     gave_up = GAVE_UP.format(n=n)
     if _store(world, step, lambda: world.store.check([gave_up])):
@@ -88,6 +96,8 @@ def agree(world: World, what: str, request: dict[str, object]) -> None:
     with _named_failures(world, step, n):
         collectives.all_reduce(low, collectives.ReduceOp.MIN)
         collectives.all_reduce(high, collectives.ReduceOp.MAX)
+    if world not in _HOST_PIDS:  # every rank has registered by now
+        _HOST_PIDS[world] = _store(world, step, lambda: _read_host_pids(world))
     if torch.equal(low, high):
         return
     with _named_failures(world, step, n):
@@ -131,12 +141,16 @@ def _diagnose(
     """The error to raise when ``step`` failed: who never arrived, who died, or who is slow."""
     said = _engine_words(err)
     timeout_s = world.timeout.total_seconds()
+    store_gone: RankFailedError | None = None
     try:
-        missing = _missing(world, n) if n is not None else []
-        dead = _dead_on_this_host(world, wait_s=0.0 if timed_out else DEATH_GRACE_S)
-    except RankFailedError as store_err:
-        return store_err
-    never = f"ranks {format_ranks(missing)} never arrived at it" if missing else ""
+        dead = _dead_on_this_host(world, step, wait_s=0.0 if timed_out else DEATH_GRACE_S)
+        missing = _missing(world, step, n) if n is not None else []
+    except RankFailedError as err_store:
+        store_gone, missing = err_store, []
+        dead = _dead_on_this_host(world, step, wait_s=0.0, store=False)
+    if timed_out and n is not None and store_gone is None:
+        _mark_gave_up(world, n, missing)
+    never = f"{rank_words(missing)} never arrived at it" if missing else ""
     if dead:
         gone = ", ".join(f"rank {r} (pid {pid})" for r, pid in dead)
         parts = [f"{step} failed: {gone} died (no longer running on this host)"]
@@ -145,9 +159,9 @@ def _diagnose(
         return RankFailedError(
             "; ".join(parts) + f". Engine said: {said}. {FIX_FAILED}", ranks=[r for r, _ in dead]
         )
+    if store_gone is not None:
+        return store_gone
     if timed_out:
-        if n is not None:
-            _mark_gave_up(world, n, missing)
         who = None if n is not None else "the other members did not answer"
         if n is not None and not missing:
             who = "every rank arrived, but the check did not complete (a rank is stuck or slow)"
@@ -164,12 +178,13 @@ def _diagnose(
 
 
 def _engine_words(err: BaseException) -> str:
-    """The first line of the engine's own message under ``err`` (200 characters at most)."""
+    """The first line of the engine's message under ``err``, without its source location."""
     root = err
     while root.__cause__ is not None:
         root = root.__cause__
     lines = str(root).strip().splitlines()
-    return (lines[0] if lines else type(root).__name__)[:200]
+    first = re.sub(r"^\[[^\]]*\]\s*", "", lines[0]) if lines else type(root).__name__
+    return first[:240]
 
 
 def _store(world: World, step: str, call: Callable[[], Any]) -> Any:
@@ -185,17 +200,21 @@ def _store(world: World, step: str, call: Callable[[], Any]) -> Any:
         ) from err
 
 
-def _register(world: World) -> None:
-    """Once per world: add 'rank:pid' to this host's list, so peers here can see us die."""
-    if world.agreements != 1:
+def register(world: World) -> None:
+    """Add 'rank:pid' to this host's list in the store, so that peers here can see us die.
+
+    agree() calls it at the world's first check; calling it earlier too (right after
+    init_process_group) is harmless and names ranks that die before any check.
+    """
+    if world.engine.NAME == "fake" or world.size == 1:
         return
     world.store.append(HOST.format(host=_env.hostname()), f"{world.rank}:{os.getpid()};")
 
 
-def _missing(world: World, n: int) -> list[int]:
+def _missing(world: World, step: str, n: int) -> list[int]:
     """Ranks that have not marked their arrival at check #n."""
     keys = [ARRIVE.format(n=n, rank=r) for r in range(world.size)]
-    return _store(world, "listing the ranks that arrived",
+    return _store(world, step,
                   lambda: [r for r, key in enumerate(keys) if not world.store.check([key])])
 
 
@@ -207,23 +226,32 @@ def _mark_gave_up(world: World, n: int, missing: list[int]) -> None:
         world.store.set(GAVE_UP.format(n=n), note)
 
 
-def _dead_on_this_host(world: World, wait_s: float) -> list[tuple[int, int]]:
+def _read_host_pids(world: World) -> dict[int, int]:
+    """rank -> pid of the ranks registered on this host, read from the store."""
+    key = HOST.format(host=_env.hostname())
+    raw = world.store.get(key) if world.store.check([key]) else b""
+    pids: dict[int, int] = {}
+    for item in raw.decode().split(";"):
+        if item:
+            rank, pid = item.split(":")
+            pids[int(rank)] = int(pid)
+    return pids
+
+
+def _dead_on_this_host(
+    world: World, step: str, wait_s: float, store: bool = True
+) -> list[tuple[int, int]]:
     """(rank, pid) of the ranks registered on this host whose process has gone.
 
     A peer's sockets close just before its process becomes a zombie, so when ``wait_s`` > 0
     this looks again for up to that long before answering that none died.
     """
-    key = HOST.format(host=_env.hostname())
     deadline = time.monotonic() + wait_s
+    pids = _HOST_PIDS.get(world)
+    if pids is None:  # a failure in the world's first check: read the list now, once
+        pids = _store(world, step, lambda: _read_host_pids(world)) if store else {}
     while True:
-        raw = _store(world, "listing the ranks on this host",
-                     lambda: world.store.get(key) if world.store.check([key]) else b"")
-        pairs = []
-        for item in raw.decode().split(";"):
-            if item:
-                rank, pid = item.split(":")
-                pairs.append((int(rank), int(pid)))
-        dead = sorted((r, p) for r, p in pairs if r != world.rank and not _running(p))
+        dead = sorted((r, p) for r, p in pids.items() if r != world.rank and not _running(p))
         if dead or time.monotonic() >= deadline:
             return dead
         time.sleep(0.05)

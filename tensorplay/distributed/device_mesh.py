@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _mesh_args as args
-from ._consensus import agree
+from ._consensus import agree, named_failures
 from ._mesh_spec import MeshSpec, Ranks
-from .errors import ArgumentError, NotAMemberError, bad_argument
+from .errors import ArgumentError, NotAMemberError, bad_argument, format_ranks
 from .process_group import ProcessGroup, World
 from .world import current_world
 
@@ -400,7 +400,9 @@ class DeviceMesh:
             return tuple(names.index(n) for n in merged)
         known = list(names) + list(self._world.flattened_names(self._root_key()))
         raise bad_argument("mesh[...]", name, "is not a dim name of this mesh",
-                           f"use one of {tuple(known)}")
+                           f"use one of {tuple(known)}" if known else
+                           "this mesh has no dim names; build it with mesh_dim_names=... "
+                           "to slice it")
 
 
 def _default(world: World, device: str) -> str:
@@ -415,7 +417,10 @@ def _make_groups(world: World, spec: MeshSpec, backends: Sequence[str]):
     groups = []
     for d in range(spec.ndim):
         name = spec.names[d] if spec.names else str(d)
-        groups.append(world.group(spec.line(world.rank, d), backends[d], f"mesh dim {name}"))
+        line = spec.line(world.rank, d)
+        members = format_ranks(line.tolist()) if len(line) <= 4096 else repr(line)
+        with named_failures(world, f"creating the group of mesh dim {name!r} (ranks {members})"):
+            groups.append(world.group(line, backends[d], f"mesh dim {name}"))
     return tuple(groups)
 
 

@@ -11,12 +11,14 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from . import _env
+from ._consensus import named_failures, register
 from ._mesh_spec import Ranks
 from .errors import (
     ArgumentError,
     NotInitializedError,
     bad_argument,
     bad_type,
+    format_ranks,
 )
 from .process_group import ProcessGroup, World, check_ranks_in_world
 
@@ -126,6 +128,7 @@ def init_process_group(
     )
     if store is not None and world_size > 1:
         _WORLD.hostnames = _gather_hostnames(store, rank, world_size)
+        register(_WORLD)  # so that a rank dying before any mesh check is named
     log.debug("joined world: rank %d of %d, backend %s", rank, world_size, backend)
 
 
@@ -263,4 +266,5 @@ def new_group(
             "backend", backend, f"cannot mix with a {world.backend!r} world",
             f"use backend={world.backend!r}",
         )
-    return world.group(Ranks.of(members), backend, desc or "new_group")
+    with named_failures(world, f"new_group(ranks={format_ranks(members)})"):
+        return world.group(Ranks.of(members), backend, desc or "new_group")

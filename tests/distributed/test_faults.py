@@ -44,7 +44,7 @@ def _wait_for(tmp: str, tag: str, ranks, limit_s: float = 60.0) -> bool:
     return True
 
 
-def _join(rank: int, tmp: str, timeout_s: float | None = PG_TIMEOUT_S) -> None:
+def _join(rank: int, tmp: str, timeout_s: float | None = PG_TIMEOUT_S, n: int = N) -> None:
     """Import everything, meet the other ranks at a file barrier, then init the world."""
     import torch  # noqa: F401 - imported before the barrier, so that it costs no wait time
 
@@ -52,7 +52,7 @@ def _join(rank: int, tmp: str, timeout_s: float | None = PG_TIMEOUT_S) -> None:
     from tensorplay.distributed import collectives, device_mesh  # noqa: F401
 
     _mark(tmp, "ready", rank)
-    assert _wait_for(tmp, "ready", range(N), limit_s=120), "the ranks never all started"
+    assert _wait_for(tmp, "ready", range(n), limit_s=120), "the ranks never all started"
     if timeout_s is None:
         dist.init_process_group("gloo")  # the timeout comes from TENSORPLAY_TIMEOUT
     else:
@@ -88,6 +88,7 @@ def mismatch_job(rank: int, tmp: str) -> dict:
     import torch
 
     import tensorplay.distributed as dist
+    from tensorplay.distributed import collectives
     from tensorplay.distributed.device_mesh import init_device_mesh
 
     _join(rank, tmp)
@@ -107,19 +108,26 @@ def mismatch_job(rank: int, tmp: str) -> dict:
         return [x.item(), y.item()]
 
     out["good"] = _attempt(good)
-    dist.destroy_process_group()
+    if rank == 3:  # (e): rank 3 now dies inside the next mesh's cross-rank check
+        collectives.all_reduce = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    out["killed"] = _attempt(lambda: init_device_mesh("cpu", (4, 1)))
     return out
 
 
 @pytest.fixture(scope="module")
 def mismatch(tmp_path_factory):
+    """One job for (a), (b) and (e): two mismatches, a good mesh, then rank 3 is killed."""
     tmp = str(tmp_path_factory.mktemp("mismatch"))
-    return spawn.run(mismatch_job, N, tmp, init=False, timeout=90)
+    start = time.monotonic()
+    out = spawn.run(mismatch_job, N, tmp, init=False, timeout=120, expect_errors=True)
+    assert time.monotonic() - start < 120
+    assert not any(isinstance(o, spawn.Failure) for o in out[:3]), out
+    return out
 
 
 def test_shape_mismatch_names_who_passed_what(mismatch):
     messages = set()
-    for rank, out in enumerate(mismatch):
+    for rank, out in enumerate(mismatch[:3]):
         result = out["shape"]
         assert "MeshMismatchError" in result["error"], (rank, result)
         assert result["values"] == {"(2, 2)": [0, 1, 2], "(4, 1)": [3]}
@@ -134,7 +142,7 @@ def test_shape_mismatch_names_who_passed_what(mismatch):
 
 
 def test_names_mismatch_names_who_passed_what(mismatch):
-    for rank, out in enumerate(mismatch):
+    for rank, out in enumerate(mismatch[:3]):
         result = out["names"]
         assert "MeshMismatchError" in result["error"], (rank, result)
         assert result["values"] == {"('dp', 'tp')": [0, 1, 3], "('x', 'y')": [2]}
@@ -144,7 +152,7 @@ def test_names_mismatch_names_who_passed_what(mismatch):
 
 
 def test_world_still_works_after_a_mismatch(mismatch):
-    for rank, out in enumerate(mismatch):
+    for rank, out in enumerate(mismatch[:3]):
         result = out["good"]
         assert result["error"] is None, (rank, result)
         tp_sum = 1.0 if rank < 2 else 5.0  # tp groups [0, 1] and [2, 3]
@@ -180,7 +188,7 @@ def absent_late_job(rank: int, tmp: str) -> dict:
 def absent_late(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("absent"))
     env = {"TENSORPLAY_TIMEOUT": str(ENV_TIMEOUT_S)}
-    return spawn.run(absent_late_job, N, tmp, init=False, env=env, timeout=90)
+    return spawn.run(absent_late_job, N, tmp, init=False, env=env, timeout=120)
 
 
 def test_tensorplay_timeout_is_honoured(absent_late):
@@ -216,30 +224,40 @@ def test_a_late_rank_fails_at_once_and_says_it_was_late(absent_late):
 # ---------------------------------------------------------------------------------- (e): SIGKILL
 
 
-def killed_job(rank: int, tmp: str) -> dict:
-    """Rank 3 SIGKILLs itself inside init_device_mesh's cross-rank check."""
-    from tensorplay.distributed import collectives
-    from tensorplay.distributed.device_mesh import init_device_mesh
-
-    _join(rank, tmp)
-    if rank == 3:
-        collectives.all_reduce = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
-    return {"killed": _attempt(lambda: init_device_mesh("cpu", (2, 2)))}
-
-
-def test_a_killed_rank_is_named_by_the_survivors(tmp_path):
-    start = time.monotonic()
-    out = spawn.run(killed_job, N, str(tmp_path), init=False, timeout=90, expect_errors=True)
-    assert out[3] is spawn.NO_ANSWER  # it died without a word
+def test_a_rank_killed_in_the_check_is_named_by_the_survivors(mismatch):
+    assert mismatch[3] is spawn.NO_ANSWER  # it died without a word
     for rank in range(3):
-        result = out[rank]["killed"]
+        result = mismatch[rank]["killed"]
         assert "RankFailedError" in result["error"], (rank, result)
         assert result["ranks"] == [3], result
         assert "rank 3 (pid" in result["message"] and "died" in result["message"]
-        assert "init_device_mesh() (cross-rank check #1)" in result["message"]
+        assert "init_device_mesh() (cross-rank check #4)" in result["message"]
         assert "Fix" in result["message"]
+        assert result["made"] == 0
         _check_bounded(result, PG_TIMEOUT_S)  # a broken connection is seen at once
-    assert time.monotonic() - start < 120
+
+
+def killed_in_groups_job(rank: int, tmp: str) -> dict:
+    """3 ranks; rank 2 SIGKILLs itself when it starts creating the mesh's group."""
+    from tensorplay.distributed.backends import torch_c10d
+    from tensorplay.distributed.device_mesh import DeviceMesh
+
+    _join(rank, tmp, n=3)
+    if rank == 2:
+        torch_c10d.new_group = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    return _attempt(lambda: DeviceMesh("cpu", [2, 0, 1]))
+
+
+def test_a_rank_killed_while_creating_groups_is_named(tmp_path):
+    out = spawn.run(killed_in_groups_job, 3, str(tmp_path), init=False, timeout=120,
+                    expect_errors=True)
+    assert out[2] is spawn.NO_ANSWER
+    for rank in range(2):
+        result = out[rank]
+        assert "RankFailedError" in result["error"], (rank, result)
+        assert result["ranks"] == [2], result
+        assert "rank 2 (pid" in result["message"] and "creating the group" in result["message"]
+        _check_bounded(result)
 
 
 # --------------------------------------------------------------------------------- (f): launcher
@@ -248,12 +266,14 @@ def test_a_killed_rank_is_named_by_the_survivors(tmp_path):
 LAUNCHED = """\
 import os, signal, sys, time
 from pathlib import Path
-HERE = Path(__file__).resolve().parent
-RANK = int(os.environ["RANK"])
-(HERE / f"pid_{RANK}").write_text(str(os.getpid()))
 import tensorplay.distributed as dist
 from tensorplay.distributed import collectives
 from tensorplay.distributed.device_mesh import init_device_mesh
+HERE = Path(__file__).resolve().parent
+RANK, N = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+(HERE / f"pid_{RANK}").write_text(str(os.getpid()))
+while not all((HERE / f"pid_{r}").exists() for r in range(N)):  # every rank imported
+    time.sleep(0.02)
 dist.init_process_group("gloo", timeout=float(sys.argv[1]))
 if RANK == 3:
     collectives.all_reduce = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
@@ -291,3 +311,133 @@ def test_launcher_stops_the_job_when_a_rank_is_killed(tmp_path):
         time.sleep(0.05)
     assert [p for p in pids if _alive(p)] == []  # no process left behind
     assert elapsed < 60
+
+
+# ------------------------------------------------------------------ the diagnosis, in one process
+
+
+class _World:
+    """Just enough of a World for _consensus: a torch HashStore and a 5 s timeout."""
+
+    def __init__(self, rank: int, size: int, store):
+        from datetime import timedelta
+        from types import SimpleNamespace
+
+        self.rank, self.size, self.store, self.agreements = rank, size, store, 0
+        self.timeout = timedelta(seconds=PG_TIMEOUT_S)
+        self.engine = SimpleNamespace(NAME="torch")
+
+
+def _world(rank: int = 0, size: int = 4, store=None) -> _World:
+    import torch.distributed as tdist
+
+    return _World(rank, size, store if store is not None else tdist.HashStore())
+
+
+def _exited_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def _arrive(world, n: int, ranks) -> None:
+    from tensorplay.distributed import _consensus
+
+    for r in ranks:
+        world.store.set(_consensus.ARRIVE.format(n=n, rank=r), "test")
+
+
+def test_running_treats_zombies_and_reaped_processes_as_dead():
+    from tensorplay.distributed._consensus import _running
+
+    assert _running(os.getpid())
+    assert not _running(_exited_pid())
+    zombie = subprocess.Popen(["true"])  # not reaped until wait()
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert not _running(zombie.pid)
+    zombie.wait()
+
+
+def test_a_broken_connection_names_the_dead_and_the_missing():
+    from tensorplay.distributed import _consensus, _env
+    from tensorplay.distributed.errors import RankFailedError
+
+    world = _world()
+    host = _consensus.HOST.format(host=_env.hostname())
+    world.store.append(host, f"0:{os.getpid()};1:{os.getpid()};2:{_exited_pid()};")
+    _arrive(world, 1, [0, 1, 2])
+    err = _consensus._diagnose(world, "init_device_mesh() (cross-rank check #1)", 1,
+                               RuntimeError("[pair.cc:1] Connection reset by peer"), False)
+    assert isinstance(err, RankFailedError)
+    assert err.ranks == [2]
+    text = str(err)
+    assert text.startswith("init_device_mesh() (cross-rank check #1) failed: rank 2 (pid ")
+    assert "rank 3 never arrived at it" in text
+    assert "Engine said: Connection reset by peer." in text and "Fix" in text
+
+
+def test_a_broken_connection_with_nobody_dead_here_blames_another_host():
+    from tensorplay.distributed import _consensus
+    from tensorplay.distributed.errors import RankFailedError
+
+    world = _world()
+    _arrive(world, 1, range(4))
+    start = time.monotonic()
+    err = _consensus._diagnose(world, "flatten() (cross-rank check #1)", 1,
+                               RuntimeError("Connection closed by peer"), False)
+    assert time.monotonic() - start < _consensus.DEATH_GRACE_S + 2  # bounded grace
+    assert isinstance(err, RankFailedError) and err.ranks is None
+    assert "a rank on another host probably did" in str(err)
+
+
+def test_a_timeout_names_the_missing_and_leaves_a_note_for_late_ranks():
+    from tensorplay.distributed import _consensus
+    from tensorplay.distributed.errors import DistributedTimeoutError
+
+    world = _world()
+    _arrive(world, 1, [0, 1])
+    err = _consensus._diagnose(world, "init_device_mesh() (cross-rank check #1)", 1,
+                               RuntimeError("Timed out waiting 5000ms"), True)
+    assert isinstance(err, DistributedTimeoutError)
+    assert err.missing == [2, 3] and err.timeout_s == PG_TIMEOUT_S
+    assert "ranks 2-3 had not arrived" in str(err)
+    late = _world(rank=3, store=world.store)
+    with pytest.raises(DistributedTimeoutError, match="rank 3 arrived after the others had "
+                       "given up waiting .rank 0 stopped waiting after 5 s; missing then: 2-3"):
+        _consensus.agree(late, "init_device_mesh()", {"mesh_shape": (2, 2)})
+
+
+class _GoneStore:
+    """A store whose server has died: every call fails as c10d's client does."""
+
+    def __getattr__(self, name):
+        def fail(*args, **kwargs):
+            raise RuntimeError("Connection reset by peer")
+        return fail
+
+
+def test_a_dead_rank_is_named_even_when_the_store_is_gone_too():
+    """Rank 0 often exits right after its own error; the others must still name the dead."""
+    from tensorplay.distributed import _consensus
+    from tensorplay.distributed.errors import RankFailedError
+
+    world = _world(rank=1, store=_GoneStore())
+    _consensus._HOST_PIDS[world] = {0: os.getpid(), 1: os.getpid(), 2: _exited_pid()}
+    err = _consensus._diagnose(world, "flatten() (cross-rank check #2)", 2,
+                               RuntimeError("Connection closed by peer"), False)
+    assert isinstance(err, RankFailedError) and err.ranks == [2], err
+    assert str(err).startswith("flatten() (cross-rank check #2) failed: rank 2 (pid ")
+
+
+def test_an_unreachable_store_names_rank_0():
+    from tensorplay.distributed import _consensus
+    from tensorplay.distributed.errors import RankFailedError
+
+    world = _world(rank=2, store=_GoneStore())
+    with pytest.raises(RankFailedError, match=r"init_device_mesh\(\) \(cross-rank check #1\) "
+                       r"failed: the job's store cannot be reached") as caught:
+        _consensus.agree(world, "init_device_mesh()", {"mesh_shape": (2, 2)})
+    assert caught.value.ranks == [0]
