@@ -224,8 +224,8 @@ class MeshSpec:
 
         Raises ValueError only when the sizes do not multiply to the dim's size.
         """
-        if self.names is None:
-            new_names = None
+        if self.names is None:  # names can only name every dim of an unnamed 1-d mesh
+            new_names = tuple(names) if names is not None and self.ndim == 1 else None
         else:
             new_names = self.names[:dim] + tuple(names or ()) + self.names[dim + 1 :]
         try:

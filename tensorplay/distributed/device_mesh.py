@@ -225,17 +225,17 @@ class DeviceMesh:
             raise bad_argument("name", name, "is already a dim of the root mesh",
                                "pick a new name")
         world = self._world
+        registers = name is not None and self.mesh_dim_names is not None and self.ndim > 1
+        registered = world.flattened_names(self._root_key()).get(name) if registers else None
+        if registered is not None and registered != self.mesh_dim_names:
+            raise bad_argument("name", name, f"already flattens {registered}", "pick a new name")
         agree(world, "flatten()", {"name": name, "shape": self.shape,
                                    "mesh_dim_names": self.mesh_dim_names,
                                    "device_type": self._device_type})
         spec = self._spec.flatten(name)
         backends = (self._backends[0],)
         groups = _make_groups(world, spec, backends)
-        if name is not None and self.mesh_dim_names is not None and self.ndim > 1:
-            registered = world.flattened_names(self._root_key()).get(name)
-            if registered is not None and registered != self.mesh_dim_names:
-                raise bad_argument("name", name, f"already flattens {registered}",
-                                   "pick a new name")
+        if registers:
             world.register_flatten(self._root_key(), name, self.mesh_dim_names)
         return DeviceMesh._make(world, self._device_type, spec, self._root, backends, groups)
 
@@ -252,6 +252,9 @@ class DeviceMesh:
         self._alive("unflatten()")
         d = args.mesh_dim(dim, self.mesh_dim_names, self.ndim, "dim")
         new_sizes = args.positive_sizes(sizes, self.shape[d])
+        if self.mesh_dim_names is None and names is not None and self.ndim > 1:
+            raise bad_argument("names", names, "cannot name dims of a mesh without dim names",
+                               "pass names=None, or build the mesh with mesh_dim_names")
         if self.mesh_dim_names is not None or names is not None:
             new_names = args.dim_names(names, len(new_sizes), "names")
             if new_names is None:
@@ -264,13 +267,7 @@ class DeviceMesh:
                                    "pick new names")
         else:
             new_names = None
-        try:
-            spec = self._spec.unflatten(d, new_sizes, new_names)
-        except ValueError as err:
-            raise bad_argument("sizes", sizes, f"cannot split dim of size {self.shape[d]} "
-                               f"row-major ({err})", "choose sizes that divide it") from err
-        if self.mesh_dim_names is None:
-            spec = MeshSpec(spec.layout, None, spec.table)
+        spec = self._spec.unflatten(d, new_sizes, new_names)
         agree(self._world, "unflatten()", {"dim": d, "sizes": new_sizes, "names": new_names,
                                            "shape": self.shape, "device_type": self._device_type})
         backends = self._backends[:d] + (self._backends[d],) * len(new_sizes) + \
