@@ -280,3 +280,20 @@ def test_cuda_mesh_without_cuda_says_how_to_fix():
 
     (message,) = spawn.run(cuda_job, 1)
     assert "CUDA is not available" in message and "device_type='cpu'" in message
+
+
+def test_reshaping_names_are_checked_before_anything_is_created(fake_world):
+    fake_world(5, 8)
+    world = world_module._WORLD
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("a", "b", "c"))
+    mesh["a", "b"].flatten("ab")
+    unnamed = init_device_mesh("cpu", (2, 4))
+    before = world.created
+    with np.testing.assert_raises_regex(dist.ArgumentError, "already flattens"):
+        mesh["a", "c"].flatten("ab")
+    with np.testing.assert_raises_regex(dist.ArgumentError, "without dim names"):
+        unnamed.unflatten(1, (2, 2), ("x", "y"))
+    assert world.created == before  # nothing made by either refused call
+    assert unnamed.unflatten(1, (2, 2)).mesh_dim_names is None
+    assert init_device_mesh("cpu", (8,)).unflatten(0, (2, 4), ("r", "s")).mesh_dim_names == (
+        "r", "s")
