@@ -74,3 +74,18 @@ def test_fake_world_is_any_rank_of_any_size(fake_world):
     assert dist.all_reduce(x) is None and x.tolist() == [1.0, 1.0]  # left as it is
     group = dist.new_group([5, 123_456])
     assert group.rank() == 1 and dist.get_process_group_ranks(group) == [5, 123_456]
+
+
+def file_and_tcp_job(rank: int, method: str):
+    dist.init_process_group("gloo", method, world_size=2, rank=rank, timeout=30)
+    x = torch.tensor([rank + 1.0])
+    dist.all_reduce(x)
+    dist.destroy_process_group()
+    return x.item(), dist.is_initialized()
+
+
+@pytest.mark.parametrize("scheme", ["file", "tcp"])
+def test_file_and_tcp_init_methods(tmp_path, scheme):
+    method = (f"file://{tmp_path}/rendezvous" if scheme == "file"
+              else f"tcp://127.0.0.1:{spawn.free_port()}")
+    assert spawn.run(file_and_tcp_job, 2, method, init=False) == [(3.0, False)] * 2
