@@ -27,7 +27,6 @@ import json
 import os
 import re
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
@@ -49,9 +48,6 @@ ARRIVE = "tensorplay/arrive/{n}/{rank}"
 GAVE_UP = "tensorplay/gave_up/{n}"
 HOST = "tensorplay/host/{host}"
 DEATH_GRACE_S = 1.0  # a peer's socket closes a moment before its process is reaped
-# rank -> pid of this host's ranks, per world, read once after its first check: a diagnosis
-# must not need the store, which dies with rank 0 (often just after its own error).
-_HOST_PIDS: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKeyDictionary()
 FIX_FAILED = (
     "Fix: find the first rank that failed in the launcher's output (a crash, an out-of-memory "
     "kill, a signal) and fix that; then restart the whole job (a world with a dead rank "
@@ -96,8 +92,8 @@ def agree(world: World, what: str, request: dict[str, object]) -> None:
     with _named_failures(world, step, n):
         collectives.all_reduce(low, collectives.ReduceOp.MIN)
         collectives.all_reduce(high, collectives.ReduceOp.MAX)
-    if world not in _HOST_PIDS:  # every rank has registered by now
-        _HOST_PIDS[world] = _store(world, step, lambda: _read_host_pids(world))
+    if world.host_pids is None:  # every rank has registered by now
+        world.host_pids = _store(world, step, lambda: _read_host_pids(world))
     if torch.equal(low, high):
         return
     with _named_failures(world, step, n):
@@ -247,7 +243,7 @@ def _dead_on_this_host(
     this looks again for up to that long before answering that none died.
     """
     deadline = time.monotonic() + wait_s
-    pids = _HOST_PIDS.get(world)
+    pids = world.host_pids
     if pids is None:  # a failure in the world's first check: read the list now, once
         pids = _store(world, step, lambda: _read_host_pids(world)) if store else {}
     while True:

@@ -324,6 +324,7 @@ class _World:
         from types import SimpleNamespace
 
         self.rank, self.size, self.store, self.agreements = rank, size, store, 0
+        self.host_pids = None
         self.timeout = timedelta(seconds=PG_TIMEOUT_S)
         self.engine = SimpleNamespace(NAME="torch")
 
@@ -425,7 +426,7 @@ def test_a_dead_rank_is_named_even_when_the_store_is_gone_too():
     from tensorplay.distributed.errors import RankFailedError
 
     world = _world(rank=1, store=_GoneStore())
-    _consensus._HOST_PIDS[world] = {0: os.getpid(), 1: os.getpid(), 2: _exited_pid()}
+    world.host_pids = {0: os.getpid(), 1: os.getpid(), 2: _exited_pid()}
     err = _consensus._diagnose(world, "flatten() (cross-rank check #2)", 2,
                                RuntimeError("Connection closed by peer"), False)
     assert isinstance(err, RankFailedError) and err.ranks == [2], err
