@@ -1,7 +1,7 @@
 """Cross-rank agreement: before a mesh creates a group, every rank checks it was asked the same.
 
-Each rank reduces a 32-byte digest of its request with MIN and MAX over the world (two tiny
-all_reduces, no pickles); equal extremes mean equal requests. On a difference the ranks gather
+Each rank reduces a digest of its request, and its negation, with one MAX over the world (one
+tiny all_reduce, no pickles): max(x) == -max(-x) means every rank passed the same request. On a difference the ranks gather
 their requests as JSON text and every rank raises the same MeshMismatchError naming which ranks
 passed which value.
 
@@ -87,11 +87,12 @@ def agree(world: World, what: str, request: dict[str, object]) -> None:
     text = json.dumps(request, sort_keys=True, default=str)
     digest = hashlib.sha256(text.encode()).digest()
     words = [int.from_bytes(digest[i : i + 7], "big") for i in range(0, 28, 7)]
-    low = torch.tensor(words + [len(text)], dtype=torch.int64)
-    high = low.clone()
+    mine = words + [len(text)]
+    # one MAX over (x, -x) gives both extremes: max(x) and -min(x)
+    extremes = torch.tensor(mine + [-v for v in mine], dtype=torch.int64)
     with _named_failures(world, step, n):
-        collectives.all_reduce(low, collectives.ReduceOp.MIN)
-        collectives.all_reduce(high, collectives.ReduceOp.MAX)
+        collectives.all_reduce(extremes, collectives.ReduceOp.MAX)
+    high, low = extremes[: len(mine)], -extremes[len(mine) :]
     if world.host_pids is None:  # every rank has registered by now
         world.host_pids = _store(world, step, lambda: _read_host_pids(world))
     if torch.equal(low, high):
