@@ -1,9 +1,9 @@
 """Cross-rank agreement: before a mesh creates a group, every rank checks it was asked the same.
 
 Each rank reduces a digest of its request, and its negation, with one MAX over the world (one
-tiny all_reduce, no pickles): max(x) == -max(-x) means every rank passed the same request. On a difference the ranks gather
-their requests as JSON text and every rank raises the same MeshMismatchError naming which ranks
-passed which value.
+tiny all_reduce, no pickles): max(x) == -max(-x) means every rank passed the same request.
+On a difference the ranks gather their requests as JSON text and every rank raises the same
+MeshMismatchError naming which ranks passed which value.
 
 When a check cannot finish, the error says why and who. Each rank marks its arrival at check
 #n in the store (``tensorplay/arrive/<n>/<rank>``) and, once per world, appends ``rank:pid`` to
