@@ -15,7 +15,7 @@ from typing import Any
 from . import _mesh_args as args
 from ._consensus import agree, named_failures
 from ._mesh_spec import MeshSpec, Ranks
-from .errors import ArgumentError, NotAMemberError, bad_argument, format_ranks
+from .errors import ArgumentError, NotAMemberError, bad_argument
 from .process_group import ProcessGroup, World
 from .world import current_world
 
@@ -415,8 +415,8 @@ def _make_groups(world: World, spec: MeshSpec, backends: Sequence[str]):
     for d in range(spec.ndim):
         name = spec.names[d] if spec.names else str(d)
         line = spec.line(world.rank, d)
-        members = format_ranks(line.tolist()) if len(line) <= 4096 else repr(line)
-        with named_failures(world, f"creating the group of mesh dim {name!r} (ranks {members})"):
+        # repr(line) costs O(1) (a long group shows as its ends and size): this runs per dim
+        with named_failures(world, f"creating the group of mesh dim {name!r} ({line!r})"):
             groups.append(world.group(line, backends[d], f"mesh dim {name}"))
     return tuple(groups)
 

@@ -297,3 +297,21 @@ def test_reshaping_names_are_checked_before_anything_is_created(fake_world):
     assert unnamed.unflatten(1, (2, 2)).mesh_dim_names is None
     assert init_device_mesh("cpu", (8,)).unflatten(0, (2, 4), ("r", "s")).mesh_dim_names == (
         "r", "s")
+
+
+def test_building_and_querying_a_mesh_allocates_o_ndim_memory(fake_world):
+    """Memory, not time: the Python heap used per rank must not grow with the world size."""
+    import tracemalloc
+
+    peaks = {}
+    for size in (64, 16_384, 1 << 20):
+        fake_world(size - 1, size)
+        tracemalloc.start()
+        mesh = init_device_mesh("cpu", (-1, 8, 8), mesh_dim_names=("dp", "cp", "tp"))
+        groups = [mesh.get_group(d).size() for d in range(3)]
+        mesh["dp", "tp"].get_coordinate()
+        flat = mesh["dp", "cp"].flatten()
+        peaks[size] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert groups == [size // 64, 8, 8] and flat.size() == size // 8
+    assert max(peaks.values()) < 100 * 1024, peaks  # ~10 KiB seen; an O(N) step shows at 16K
