@@ -1,7 +1,7 @@
 """Mesh set-up time and collective overhead on 8 real gloo ranks: tensorplay vs PyTorch.
 
-    /work/venv/bin/python bench/mesh_init.py                 # ~1-2 minutes on 2 cores
-    /work/venv/bin/python bench/mesh_init.py --repeats 3 --iters 10
+    /work/venv/bin/python bench/mesh_init.py                 # ~3 minutes on 2 busy cores
+    /work/venv/bin/python bench/mesh_init.py --repeats 3 --iters 10 --big-iters 3
 
 (a) Set-up: from the start of init_process_group to a (2, 4) mesh ("dp", "tp") with every
     group ready and a barrier passed. Ours: tensorplay's init_process_group + init_device_mesh;
@@ -10,33 +10,45 @@
     run one 4-byte all_reduce on each dim group before the barrier, so lazily made groups are
     made inside the timed span. Each implementation runs in its own set of 8 processes; each
     set runs one warm-up cycle (imports, first connections) and then --repeats cycles of
-    init -> mesh -> destroy. Every rank starts a cycle at the same agreed wall-clock instant,
-    so one repeat = (last rank's end) - (common start): the max over ranks. Sets run as
-    ours, torch (--rounds 2: ours, torch, torch, ours, so load drift hits both alike; each
-    set costs 8 torch imports, the bulk of the run's time on 2 cores).
+    init -> mesh -> destroy. Every rank starts a cycle at the same wall-clock instant, agreed
+    through files in a temporary folder (no process group exists between cycles), so one
+    repeat = (last rank's end) - (common start): the max over ranks. The old world's
+    teardown (and a gc.collect()) happens before that rendezvous, outside the timed span. A second
+    table splits the span at init_process_group / mesh built / groups used. Sets run as
+    ours, torch, torch, ours (--rounds 2), so load drift hits both alike; each set costs 8
+    torch imports, the bulk of the run's time on 2 cores (--rounds 1 halves it).
 (b) Collectives: in the first tensorplay set, all_reduce (SUM, float32 zeros) along "dp"
     (groups of 2) and "tp" (groups of 4) at 4 B, 1 MiB and 16 MiB: ours
     (tensorplay.distributed.all_reduce(t, group=mesh.get_group(d))) against a direct
     torch.distributed.all_reduce(t, group=mesh.get_group(d).engine_group) on the same ranks.
-    Calls are interleaved (order alternating per iteration), each after a world barrier that is
-    not timed; per iteration the max over ranks, then the median over iterations.
+    A third kind, the same direct call again, is an A/A control: its gap to "direct" is the
+    noise floor. The kinds are interleaved (order rotating per sample); one sample is 10 (4 B),
+    3 (1 MiB) or 1 (16 MiB) back-to-back calls after an untimed world barrier, per call; per
+    sample the max over ranks, then the median over samples.
 
 Processes are started by the project's tests/spawn.py (``run(fn, n, init=False)``): spawn
-start method, a deadline on every wait, every child killed on the way out.
+start method, a deadline on every wait, every child killed on the way out; reusing it keeps one
+spawn helper in the repository. init=False because the timed span starts before
+init_process_group; each cycle connects with tcp:// to a port picked here, not MASTER_PORT.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from _common import fmt_time, machine, tree_state  # noqa: E402
 
 from tests.spawn import free_port, run  # noqa: E402
 
@@ -44,8 +56,9 @@ WORLD = 8
 SHAPE = (2, 4)
 NAMES = ("dp", "tp")
 SIZES_B = (4, 1 << 20, 16 << 20)
-START_MARGIN_S = 0.6  # time between agreeing on the next start and that start
-LATE_S = 0.005  # a rank that starts a cycle later than this after the common start is "late"
+CALLS = {4: 10, 1 << 20: 3, 16 << 20: 1}  # back-to-back calls per timed sample
+NOISE_KINDS = ("ours", "direct", "direct2")
+START_MARGIN_S = 0.1  # from the last rank's arrival at the file rendezvous to the common start
 
 
 # -- what runs on each rank ---------------------------------------------------------------------
@@ -67,9 +80,6 @@ class _Ours:
 
     def all_reduce(self, tensor, mesh, dim: str) -> None:
         self.dist.all_reduce(tensor, group=mesh.get_group(dim))
-
-    def broadcast(self, tensor) -> None:
-        self.dist.broadcast(tensor, src=0)
 
     def barrier(self) -> None:
         self.dist.barrier()
@@ -99,9 +109,6 @@ class _Torch:
     def all_reduce(self, tensor, mesh, dim: str) -> None:
         self.dist.all_reduce(tensor, group=mesh.get_group(dim))
 
-    def broadcast(self, tensor) -> None:
-        self.dist.broadcast(tensor, src=0)
-
     def barrier(self) -> None:
         self.dist.barrier()
 
@@ -114,37 +121,62 @@ def _sleep_until(instant: float) -> None:
         time.sleep(min(left, 0.05))
 
 
-def rank_main(rank: int, impl: str, ports: list[int], collect: dict | None) -> dict:
+def _rendezvous(sync_dir: str, tag: str, rank: int, deadline_s: float = 120.0) -> float:
+    """Wait for every rank at ``tag`` (files, no process group) and return the common start.
+
+    Each rank writes its arrival time; once all WORLD files exist, every rank computes the
+    same start: the last arrival + START_MARGIN_S. time.time() is one clock for the machine.
+    """
+    mine = os.path.join(sync_dir, f"{tag}-{rank}")
+    with open(mine + ".tmp", "w") as f:
+        f.write(repr(time.time()))
+    os.replace(mine + ".tmp", mine)
+    paths = [os.path.join(sync_dir, f"{tag}-{r}") for r in range(WORLD)]
+    end = time.time() + deadline_s
+    while not all(os.path.exists(p) for p in paths):
+        if time.time() > end:
+            raise TimeoutError(f"rendezvous {tag}: not every rank arrived in {deadline_s:g} s")
+        time.sleep(0.001)
+    arrivals = []
+    for p in paths:
+        with open(p) as f:
+            arrivals.append(float(f.read()))
+    return max(arrivals) + START_MARGIN_S
+
+
+def rank_main(rank: int, impl: str, ports: list[int], collect: dict | None,
+              sync_dir: str) -> dict:
     """One rank of a process set: set-up cycles, then (optionally) the collective timings.
 
-    Returns {"setup": [(start, began, ready), ...], "coll": {(dim, bytes, kind): [s, ...]}}
-    with wall-clock instants (time.time(), one clock for every process of this machine).
+    Returns {"setup": [(start, began, joined, built, used, ready), ...],
+    "coll": {(dim, bytes, kind): [s, ...]}, "phases": {...}} with wall-clock instants
+    (time.time(), one clock for every process of this machine).
     """
     entered = time.time()
     import torch
 
     api = _Ours() if impl == "ours" else _Torch()
     out: dict = {"setup": [], "coll": {}, "phases": {"entered": entered, "imported": time.time()}}
-    start = None
     mesh = None
     for cycle, port in enumerate(ports):
-        if start is not None:
-            _sleep_until(start)
+        start = _rendezvous(sync_dir, f"{impl}-{cycle}", rank)
+        _sleep_until(start)
         began = time.time()
         api.init(rank, port)
+        joined = time.time()
         mesh = api.mesh()
+        built = time.time()
         for dim in NAMES:
             api.all_reduce(torch.zeros(1), mesh, dim)
+        used = time.time()
         api.barrier()
         ready = time.time()
-        out["setup"].append((start if start is not None else began, began, ready))
+        out["setup"].append((start, began, joined, built, used, ready))
         if cycle == len(ports) - 1:
             break
-        instant = torch.tensor([time.time() + START_MARGIN_S], dtype=torch.float64)
-        api.broadcast(instant)  # rank 0's value: the common start of the next cycle
-        start = float(instant.item())
         api.destroy()
         mesh = None
+        gc.collect()  # free the old world's groups (engine teardown) before the next rendezvous
     out["phases"]["cycles"] = time.time()
     if collect is not None:
         out["coll"] = _collectives(mesh, collect)
@@ -155,7 +187,12 @@ def rank_main(rank: int, impl: str, ports: list[int], collect: dict | None) -> d
 
 
 def _collectives(mesh, plan: dict) -> dict:
-    """Interleaved ours/direct all_reduce timings along each dim, per size."""
+    """Interleaved all_reduce timings along each dim, per size: ours, direct, direct again.
+
+    "direct2" is the very same direct call a second time: an A/A control whose gap to "direct"
+    is the noise floor of this machine. One sample = CALLS[size] back-to-back calls after an
+    untimed world barrier, divided by their number; the order of the three kinds rotates.
+    """
     import torch
     import torch.distributed as dist
 
@@ -168,19 +205,23 @@ def _collectives(mesh, plan: dict) -> dict:
         calls = {
             "ours": lambda t, g=group: tdist.all_reduce(t, group=g),
             "direct": lambda t, e=engine: dist.all_reduce(t, group=e),
+            "direct2": lambda t, e=engine: dist.all_reduce(t, group=e),
         }
+        kinds = list(calls)
         for nbytes in SIZES_B:
             tensor = torch.zeros(nbytes // 4, dtype=torch.float32)
             warm, iters = plan["warm"], plan["iters"] if nbytes <= 1 << 20 else plan["big_iters"]
-            for kind in calls:
+            batch = CALLS[nbytes]
+            for kind in kinds:
                 times[dim, nbytes, kind] = []
             for i in range(warm + iters):
-                order = ("ours", "direct") if i % 2 == 0 else ("direct", "ours")
-                for kind in order:
+                for kind in kinds[i % 3:] + kinds[:i % 3]:
+                    call = calls[kind]
                     dist.barrier()
                     t0 = time.perf_counter()
-                    calls[kind](tensor)
-                    elapsed = time.perf_counter() - t0
+                    for _ in range(batch):
+                        call(tensor)
+                    elapsed = (time.perf_counter() - t0) / batch
                     if i >= warm:
                         times[dim, nbytes, kind].append(elapsed)
     return times
@@ -189,13 +230,25 @@ def _collectives(mesh, plan: dict) -> dict:
 # -- the parent ----------------------------------------------------------------------------------
 def process_set(impl: str, repeats: int, collect: dict | None, timeout: float) -> list[dict]:
     ports = [free_port() for _ in range(repeats + 1)]
-    return run(rank_main, WORLD, impl, ports, collect, init=False, timeout=timeout)
+    sync_dir = tempfile.mkdtemp(prefix="mesh_init-")
+    try:
+        return run(rank_main, WORLD, impl, ports, collect, sync_dir, init=False,
+                   timeout=timeout)
+    finally:
+        shutil.rmtree(sync_dir, ignore_errors=True)
 
 
-def setup_times(per_rank: list[dict]) -> list[float]:
-    """Per timed cycle (warm-up dropped): last rank ready - common start."""
+PHASES = ("init_process_group", "+ mesh built", "+ each dim's group used", "+ barrier")
+
+
+def setup_times(per_rank: list[dict]) -> list[tuple[float, ...]]:
+    """Per timed cycle (warm-up dropped), for each phase: last rank past it - common start.
+
+    The last entry (barrier passed) is the repeat's set-up time.
+    """
     cycles = len(per_rank[0]["setup"])
-    return [max(r["setup"][c][2] for r in per_rank) - per_rank[0]["setup"][c][0]
+    return [tuple(max(r["setup"][c][k] for r in per_rank) - per_rank[0]["setup"][c][0]
+                  for k in range(2, 2 + len(PHASES)))
             for c in range(1, cycles)]
 
 
@@ -225,12 +278,6 @@ def wrapper_cost(calls: int = 20000) -> float:
         tdist.destroy_process_group()
 
 
-def fmt_time(seconds: float) -> str:
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} µs"
-    if seconds < 1:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds:.2f} s"
 
 
 def fmt_size(nbytes: int) -> str:
@@ -240,7 +287,7 @@ def fmt_size(nbytes: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="timed set-up cycles per set")
-    parser.add_argument("--rounds", type=int, default=1,
+    parser.add_argument("--rounds", type=int, default=2,
                         help="process-set rounds: ours,torch, then torch,ours, ...")
     parser.add_argument("--iters", type=int, default=20, help="timed calls, 4 B and 1 MiB")
     parser.add_argument("--big-iters", type=int, default=6, help="timed calls, 16 MiB")
@@ -248,14 +295,15 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=150.0, help="per process set, s")
     opts = parser.parse_args()
     wall = time.perf_counter()
-    print(f"mesh_init: {WORLD} gloo ranks on {os.cpu_count()} CPUs (loopback), mesh {SHAPE} "
-          f"{NAMES}", file=sys.stderr)
+    print(f"mesh_init: tensorplay at {tree_state()}; {machine()}; {WORLD} gloo ranks over "
+          f"loopback; mesh {SHAPE} {NAMES}")
 
     plan = {"warm": opts.warm, "iters": opts.iters, "big_iters": opts.big_iters}
     order: list[str] = []
     for r in range(opts.rounds):
         order += ["ours", "torch"] if r % 2 == 0 else ["torch", "ours"]
-    setup: dict[str, list[float]] = {"ours": [], "torch": []}
+    setup: dict[str, list[tuple[float, ...]]] = {"ours": [], "torch": []}
+    per_set: list[tuple[str, float]] = []
     late = 0.0
     coll = None
     for impl in order:
@@ -269,60 +317,86 @@ def main() -> None:
         ] + [("exit", phases["destroyed"], time.time())]
         print("   " + ", ".join(f"{k} {end - begin:.1f} s" for k, begin, end in marks),
               file=sys.stderr)
-        setup[impl] += setup_times(per_rank)
+        times = setup_times(per_rank)
+        setup[impl] += times
+        per_set.append((impl, statistics.median(t[-1] for t in times)))
         late = max(late, late_starts(per_rank))
         if collect is not None:
             coll = [r["coll"] for r in per_rank]
         print(f"  {impl} set done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
-    ours, torch_ = statistics.median(setup["ours"]), statistics.median(setup["torch"])
+    totals = {key: [phases[-1] for phases in setup[key]] for key in setup}
+    ours, torch_ = statistics.median(totals["ours"]), statistics.median(totals["torch"])
     print(f"\n### (a) Set-up: init_process_group -> (2, 4) mesh, every group used once, barrier "
           f"({WORLD} gloo ranks)\n")
     print("| implementation | median | min | max | repeats |")
     print("|---|---:|---:|---:|---:|")
     for name, key in (("tensorplay", "ours"), ("PyTorch", "torch")):
-        values = setup[key]
+        values = totals[key]
         print(f"| {name} | {fmt_time(statistics.median(values))} | {fmt_time(min(values))} | "
               f"{fmt_time(max(values))} | {len(values)} |")
     print(f"\nours/PyTorch (median): {ours / torch_:.2f}. One repeat = last rank ready - common "
           f"start (max over ranks); the latest any rank began a cycle after the common start: "
-          f"{fmt_time(late)}.")
+          f"{fmt_time(late)}. Median of each process set, in run order: "
+          + ", ".join(f"{impl} {fmt_time(t)}" for impl, t in per_set) + ".")
+    print("\nWhere the time goes (median over repeats of: last rank past the point - common "
+          "start; cumulative):\n")
+    print("| implementation | " + " | ".join(PHASES) + " |")
+    print("|---|" + "---:|" * len(PHASES))
+    for name, key in (("tensorplay", "ours"), ("PyTorch", "torch")):
+        cells = [fmt_time(statistics.median(p[k] for p in setup[key]))
+                 for k in range(len(PHASES))]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
     print(f"\n### (b) all_reduce along each mesh dim: ours vs direct torch.distributed on the "
           f"same group ({WORLD} gloo ranks)\n")
-    print("| dim (group size) | size | ours | direct | ours/direct | paired Δ | iters |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    worst = 0.0
+    print("| dim (group size) | size | ours | direct | ours/direct | paired Δ | "
+          "A/A: direct again/direct | samples x calls |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    worst, noise = 0.0, 0.0
     for dim, size in zip(NAMES, SHAPE, strict=True):
         for nbytes in SIZES_B:
-            per_iter = {
-                kind: [max(r[dim, nbytes, kind][i] for r in coll)
-                       for i in range(len(coll[0][dim, nbytes, kind]))]
-                for kind in ("ours", "direct")
+            samples = len(coll[0][dim, nbytes, "ours"])
+            per_iter = {  # max over ranks of each sample
+                kind: [max(r[dim, nbytes, kind][i] for r in coll) for i in range(samples)]
+                for kind in NOISE_KINDS
             }
-            o, d = statistics.median(per_iter["ours"]), statistics.median(per_iter["direct"])
+            o, d, d2 = (statistics.median(per_iter[k]) for k in NOISE_KINDS)
             delta = statistics.median(a - b for a, b in zip(per_iter["ours"], per_iter["direct"],
                                                             strict=True))
-            worst = max(worst, o / d)
+            worst, noise = max(worst, o / d), max(noise, abs(d2 / d - 1))
             sign = "+" if delta >= 0 else "-"
             print(f"| {dim} ({size}) | {fmt_size(nbytes)} | {fmt_time(o)} | {fmt_time(d)} | "
-                  f"{o / d:.3f} | {sign}{fmt_time(abs(delta))} | {len(per_iter['ours'])} |")
-    print("\nper iteration: max over the 8 ranks of one call's wall time (after an untimed "
-          "barrier); shown: median over iterations; paired Δ: median of (ours - direct) per "
-          "iteration.")
+                  f"{o / d:.3f} | {sign}{fmt_time(abs(delta))} | {d2 / d:.3f} | "
+                  f"{samples} x {CALLS[nbytes]} |")
+    print("\nOne sample: back-to-back calls after an untimed world barrier, divided by their "
+          "number; its value is the max over the 8 ranks. Shown: medians over samples; paired Δ: "
+          "median of (ours - direct) per sample, per call. A/A: the same direct call timed a "
+          "second time, interleaved with the other two: its distance from 1 is the noise floor.")
 
     guard = wrapper_cost()
     print(f"\nour all_reduce's own Python cost (argument checks and dispatch, measured in a "
           f"fake world where nothing moves): {fmt_time(guard)} per call.")
 
-    setup_ok = ours <= torch_
-    coll_ok = worst <= 1.05
+    ours_sets = [t for impl, t in per_set if impl == "ours"]
+    torch_sets = [t for impl, t in per_set if impl == "torch"]
+    overlap = (len(ours_sets) > 1 and len(torch_sets) > 1
+               and max(min(ours_sets), min(torch_sets)) <= min(max(ours_sets), max(torch_sets)))
+    setup = "not resolved" if overlap else ("ok" if ours <= torch_ else "MISSED")
+    coll = "ok" if worst <= 1.05 else ("MISSED" if noise <= 0.05 else "not resolved")
     print("\nGoal: mesh set-up no slower than PyTorch's; collectives within 5% of the direct "
           "call.")
-    print(f"  set-up: ours {fmt_time(ours)} vs PyTorch {fmt_time(torch_)} "
-          f"[{'ok' if setup_ok else 'MISSED'}]")
-    print(f"  collectives: worst ours/direct {worst:.3f} <= 1.05 [{'ok' if coll_ok else 'MISSED'}]")
-    print(f"Goal met: {'YES' if setup_ok and coll_ok else 'NO'}")
+    print(f"  set-up: ours {fmt_time(ours)} vs PyTorch {fmt_time(torch_)} [{setup}]"
+          + ("; the process sets' medians of the two overlap, so the gap is within this "
+             "machine's drift" if setup == "not resolved" else ""))
+    print(f"  collectives: worst ours/direct {worst:.3f} <= 1.05 [{coll}]; A/A noise floor "
+          f"{noise:.1%} (largest |direct again/direct - 1|)"
+          + ("; the control itself moves by more than 5%, so a 5% gap cannot be resolved here"
+             if coll == "not resolved" else ""))
+    verdicts = (setup, coll)
+    met = ("NO" if "MISSED" in verdicts else
+           "YES" if verdicts == ("ok", "ok") else "NOT RESOLVED (rerun on an idle machine)")
+    print(f"Goal met: {met}")
     print(f"\nwall time of this run: {time.perf_counter() - wall:.0f} s")
 
 

@@ -1,0 +1,49 @@
+"""Shared by the benchmark scripts: number formatting and the state of the tree measured."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fmt_time(seconds: float) -> str:
+    """1.5e-4 -> '150 µs', 0.0123 -> '12.3 ms', 2.5 -> '2.50 s'."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds:.2f} s"
+
+
+def fmt_bytes(n: int | None) -> str:
+    """4608 -> '4.5 KiB', 3 << 20 -> '3.0 MiB', None -> '-'."""
+    if n is None:
+        return "-"
+    sign, n = ("-" if n < 0 else ""), abs(n)
+    if n < 1 << 20:
+        return f"{sign}{n / 1024:.1f} KiB"
+    return f"{sign}{n / (1 << 20):.1f} MiB"
+
+
+def tree_state() -> str:
+    """'commit abc1234' plus a note when tensorplay/ has uncommitted changes (read-only git)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "tensorplay")
+    changed = len(dirty.splitlines())
+    return f"commit {head}" + (f" + {changed} uncommitted file(s) in tensorplay/" if changed
+                               else "")
+
+
+def machine() -> str:
+    """CPU count and 1-minute load average: the context every number here needs."""
+    load = os.getloadavg()[0]
+    return f"{os.cpu_count()} CPUs, load average {load:.1f} at start"
