@@ -47,14 +47,14 @@ def __getattr__(name: str):
     The launcher stays light, and `python -m tensorplay.distributed.device_mesh` runs cleanly.
     """
     if name in _COLLECTIVES:
-        from . import collectives
-
-        return getattr(collectives, name)
-    if name in _MESH:
-        from . import device_mesh
-
-        return getattr(device_mesh, name)
-    raise AttributeError(f"module 'tensorplay.distributed' has no attribute {name!r}")
+        from . import collectives as module
+    elif name in _MESH:
+        from . import device_mesh as module
+    else:
+        raise AttributeError(f"module 'tensorplay.distributed' has no attribute {name!r}")
+    value = getattr(module, name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
 
 
 __all__ = [

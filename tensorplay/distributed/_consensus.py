@@ -71,8 +71,6 @@ def agree(world: World, what: str, request: dict[str, object]) -> None:
     world.agreements += 1
     n = world.agreements
     step = f"{what} (cross-rank check #{n})"
-    if n == 1:
-        _store(world, step, lambda: register(world))
     _store(world, step, lambda: world.store.set(ARRIVE.format(n=n, rank=world.rank), what))
     gave_up = GAVE_UP.format(n=n)
     if _store(world, step, lambda: world.store.check([gave_up])):
@@ -200,8 +198,8 @@ def _store(world: World, step: str, call: Callable[[], Any]) -> Any:
 def register(world: World) -> None:
     """Add 'rank:pid' to this host's list in the store, so that peers here can see us die.
 
-    agree() calls it at the world's first check; calling it earlier too (right after
-    init_process_group) is harmless and names ranks that die before any check.
+    init_process_group() calls it once, right after joining, so that even a rank that dies
+    before any check is named.
     """
     if world.engine.NAME == "fake" or world.size == 1:
         return

@@ -76,7 +76,7 @@ class _Buffer:
 def _check_device(tensor: torch.Tensor, name: str, group: ProcessGroup) -> None:
     """Refuse tensors the group's backend cannot move."""
     if group.backend == "gloo":
-        if tensor.device.type != "cpu":
+        if not tensor.is_cpu:
             raise bad_argument(
                 name, f"<tensor on {tensor.device}>", "gloo groups move CPU tensors only",
                 "call .cpu() first, or use a 'cuda' mesh on the nccl backend",
@@ -86,7 +86,7 @@ def _check_device(tensor: torch.Tensor, name: str, group: ProcessGroup) -> None:
                 name, f"<tensor of {tensor.dtype}>", "gloo cannot move this dtype",
                 "convert to float32, float64, int32, int64, uint8, int8 or bool",
             )
-    elif group.backend == "nccl" and tensor.device.type != "cuda":
+    elif group.backend == "nccl" and not tensor.is_cuda:
         raise bad_argument(
             name, f"<tensor on {tensor.device}>", "nccl groups move CUDA tensors only",
             "move it with .cuda(), or use a 'cpu' mesh (gloo)",
@@ -115,13 +115,15 @@ def _rank_arg(name: str, rank: object, group: ProcessGroup) -> int:
 
 def _run(
     what: str,
-    group: ProcessGroup | None,
+    pg: ProcessGroup,
     async_op: bool,
     buffers: Sequence[_Buffer],
     call: Callable[[Any], Any],
 ) -> Work | None:
-    """Run ``call(engine_group)`` on a member, translating engine failures into our errors."""
-    pg = resolve_group(group, what)
+    """Run ``call(engine_group)`` on a member of the resolved group ``pg``.
+
+    Engine failures become our timeout and rank-failure errors.
+    """
     pg.require_member(what)
     if pg.engine_group is None:  # a fake world: nothing moves
         return Work() if async_op else None

@@ -18,7 +18,7 @@ from typing import Any
 
 from ._layout import Layout
 from ._mesh_spec import Ranks
-from .errors import NotAMemberError, format_ranks
+from .errors import NotAMemberError, NotInitializedError, format_ranks
 
 
 class ReduceOp(enum.Enum):
@@ -69,6 +69,7 @@ class ProcessGroup:
         self._backend = backend
         self._name = name
         self._engine_group = engine_group
+        self._released = False
         found = ranks.index(global_rank)
         self._rank = -1 if found is None else found
         self._global_rank = global_rank
@@ -119,8 +120,18 @@ class ProcessGroup:
         """Group rank of a global rank, None when not a member."""
         return self._ranks.index(global_rank)
 
+    def release(self) -> None:
+        """Let go of the engine group (its world was destroyed); later use raises."""
+        self._engine_group = None
+        self._released = True
+
     def require_member(self, what: str) -> None:
-        """Raise NotAMemberError unless this rank is in the group."""
+        """Raise unless this rank is in the group and the group's world is still alive."""
+        if self._released:
+            raise NotInitializedError(
+                f"{what}: group {self._name} belongs to a destroyed world. Fix: build new "
+                f"groups and meshes after init_process_group()."
+            )
         if not self.is_member:
             raise NotAMemberError(
                 f"{what}: rank {self._global_rank} is not in group {self._name} "

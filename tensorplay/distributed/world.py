@@ -205,6 +205,9 @@ def destroy_process_group() -> None:
     world = current_world("destroy_process_group()")
     world.alive = False
     _WORLD = None
+    for group in world.groups.values():  # meshes may outlive the world; engine groups don't
+        group.release()
+    world.groups.clear()
     world.engine.destroy()
 
 

@@ -89,3 +89,13 @@ def test_file_and_tcp_init_methods(tmp_path, scheme):
     method = (f"file://{tmp_path}/rendezvous" if scheme == "file"
               else f"tcp://127.0.0.1:{spawn.free_port()}")
     assert spawn.run(file_and_tcp_job, 2, method, init=False) == [(3.0, False)] * 2
+
+
+def test_groups_of_a_destroyed_world_refuse_work_even_after_a_new_init(fake_world):
+    fake_world(1, 4)
+    old = dist.new_group([0, 1])
+    dist.destroy_process_group()
+    dist.init_process_group("fake", rank=1, world_size=4)
+    with pytest.raises(dist.NotInitializedError, match="destroyed world"):
+        dist.all_reduce(torch.zeros(1), group=old)
+    assert dist.new_group([0, 1]) is not old  # the new world made its own
