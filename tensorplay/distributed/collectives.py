@@ -22,7 +22,7 @@ from .errors import (
     bad_type,
 )
 from .process_group import ProcessGroup, ReduceOp, Work
-from .world import resolve_group
+from .world import current_world, resolve_group
 
 _TORCH_OPS = {
     ReduceOp.SUM: dist.ReduceOp.SUM,
@@ -159,8 +159,6 @@ def translate(err: RuntimeError, what: str, group: ProcessGroup) -> Exception:
     """Turn an engine's failure into a timeout or rank-failure error naming the group."""
     text = str(err)
     lowered = text.lower()
-    from .world import current_world
-
     timeout_s = current_world(what).timeout.total_seconds()
     members = group.ranks if group.size() <= 4096 else None
     if "timed out" in lowered or "timeout" in lowered:
@@ -299,9 +297,29 @@ def recv(tensor, src, group=None):
 
 
 def barrier(group=None, async_op=False):
-    """Wait until every member of ``group`` has reached this call."""
+    """Wait until every member of ``group`` has reached this call.
+
+    A blocking barrier marks this rank's arrival in the store first, so one that times out
+    names the members that never came.
+    """
     pg = resolve_group(group, "barrier()")
-    return _run("barrier()", pg, async_op, [], lambda g: dist.barrier(group=g, async_op=async_op))
+    world = current_world("barrier()")
+    if async_op or pg.engine_group is None or world.store is None:
+        return _run("barrier()", pg, async_op, [],
+                    lambda g: dist.barrier(group=g, async_op=async_op))
+    pg.barriers += 1
+    arrived = f"tensorplay/barrier/{pg.name}/{pg.barriers}/"
+    world.store.set(f"{arrived}{world.rank}", "1")
+    try:
+        return _run("barrier()", pg, False, [], lambda g: dist.barrier(group=g))
+    except DistributedTimeoutError as err:
+        try:
+            missing = [r for r in pg.ranks if not world.store.check([f"{arrived}{r}"])]
+        except (RuntimeError, dist.DistError):  # the store went with rank 0
+            missing = None
+        raise DistributedTimeoutError(
+            f"barrier() #{pg.barriers} on group {pg.name}", err.timeout_s, missing
+        ) from err
 
 
 def _buffer_list(values, name: str, group: ProcessGroup, count: int) -> list[_Buffer]:

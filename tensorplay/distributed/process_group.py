@@ -70,6 +70,7 @@ class ProcessGroup:
         self._name = name
         self._engine_group = engine_group
         self._released = False
+        self.barriers = 0  # blocking barriers run so far (names their store keys)
         found = ranks.index(global_rank)
         self._rank = -1 if found is None else found
         self._global_rank = global_rank

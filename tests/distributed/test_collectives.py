@@ -182,3 +182,27 @@ def test_bad_collective_calls_raise_typed_errors_naming_the_argument(world8):
         assert errors["numel"][0] == "ArgumentError" and "output_tensor" in errors["numel"][1]
         assert errors["list"][0] == "ArgumentError" and "tensor_list" in errors["list"][1]
         assert errors["member"][0] == "NotAMemberError" and "Fix" in errors["member"][1]
+
+
+def missing_barrier_job(rank: int):
+    import time
+
+    if rank == 2:  # never reaches the barrier; leaves once the others have given up
+        time.sleep(12)
+        return None
+    start = time.monotonic()
+    try:
+        dist.barrier()
+    except dist.DistributedTimeoutError as err:
+        return err.missing, str(err), time.monotonic() - start
+    return "passed"
+
+
+def test_a_barrier_that_times_out_names_who_never_came():
+    from tests import spawn
+
+    results = spawn.run(missing_barrier_job, 3, pg_timeout=3, timeout=90)
+    for rank in (0, 1):
+        missing, text, elapsed = results[rank]
+        assert missing == [2] and "rank 2 had not arrived" in text and "barrier()" in text
+        assert elapsed < 30
