@@ -62,39 +62,16 @@ START_MARGIN_S = 0.1  # from the last rank's arrival at the file rendezvous to t
 
 
 # -- what runs on each rank ---------------------------------------------------------------------
-class _Ours:
-    """tensorplay's entry points."""
+class _Api:
+    """The entry points one implementation offers; ours and PyTorch's have the same shape."""
 
-    def __init__(self):
-        import tensorplay.distributed as tdist
-        from tensorplay.distributed.device_mesh import init_device_mesh
-
-        self.dist, self.init_device_mesh = tdist, init_device_mesh
-
-    def init(self, rank: int, port: int) -> None:
-        self.dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                     world_size=WORLD, timeout=60)
-
-    def mesh(self):
-        return self.init_device_mesh("cpu", SHAPE, mesh_dim_names=NAMES)
-
-    def all_reduce(self, tensor, mesh, dim: str) -> None:
-        self.dist.all_reduce(tensor, group=mesh.get_group(dim))
-
-    def barrier(self) -> None:
-        self.dist.barrier()
-
-    def destroy(self) -> None:
-        self.dist.destroy_process_group()
-
-
-class _Torch:
-    """PyTorch's entry points."""
-
-    def __init__(self):
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
-
+    def __init__(self, impl: str):
+        if impl == "ours":
+            import tensorplay.distributed as dist
+            from tensorplay.distributed.device_mesh import init_device_mesh
+        else:
+            import torch.distributed as dist
+            from torch.distributed.device_mesh import init_device_mesh
         self.dist, self.init_device_mesh = dist, init_device_mesh
 
     def init(self, rank: int, port: int) -> None:
@@ -155,7 +132,7 @@ def rank_main(rank: int, impl: str, ports: list[int], collect: dict | None,
     entered = time.time()
     import torch
 
-    api = _Ours() if impl == "ours" else _Torch()
+    api = _Api(impl)
     out: dict = {"setup": [], "coll": {}, "phases": {"entered": entered, "imported": time.time()}}
     mesh = None
     for cycle, port in enumerate(ports):
