@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .backends.torch_c10d import absent
 from .errors import (
     BackendError,
     DistributedTimeoutError,
@@ -304,7 +305,7 @@ def barrier(group=None, async_op=False):
     """
     pg = resolve_group(group, "barrier()")
     world = current_world("barrier()")
-    if async_op or pg.engine_group is None or world.store is None:
+    if async_op or pg.engine_group is None:
         return _run("barrier()", pg, async_op, [],
                     lambda g: dist.barrier(group=g, async_op=async_op))
     pg.barriers += 1
@@ -313,12 +314,9 @@ def barrier(group=None, async_op=False):
     try:
         return _run("barrier()", pg, False, [], lambda g: dist.barrier(group=g))
     except DistributedTimeoutError as err:
-        try:
-            missing = [r for r in pg.ranks if not world.store.check([f"{arrived}{r}"])]
-        except (RuntimeError, dist.DistError):  # the store went with rank 0
-            missing = None
         raise DistributedTimeoutError(
-            f"barrier() #{pg.barriers} on group {pg.name}", err.timeout_s, missing
+            f"barrier() #{pg.barriers} on group {pg.name}", err.timeout_s,
+            absent(world.store, pg.ranks, arrived),
         ) from err
 
 

@@ -440,16 +440,13 @@ def _as_our_group(world: World, group: Any, index: int) -> ProcessGroup:
 
 
 def _world_hosts(world: World):
-    """The world's host map, built on first use from the names gathered at init."""
-    if world.hosts is None:
-        from . import _env
-        from ._topology import Hosts, hosts_from_names
+    """The world's host map: gathered at init, or one host (this one) in a fake or 1-rank world."""
+    if world.hosts is not None:
+        return world.hosts
+    from . import _env
+    from ._topology import Hosts
 
-        if world.hostnames is None:  # fake or 1-rank world: everything runs here
-            world.hosts = Hosts.blocks(world.size, 1, names=[_env.hostname()])
-        else:
-            world.hosts = hosts_from_names(world.hostnames)
-    return world.hosts
+    return Hosts.blocks(world.size, 1, names=[_env.hostname()])
 
 
 def _unpickle(device: str, spec: MeshSpec, root: MeshSpec, backends: tuple[str, ...]):
@@ -519,7 +516,7 @@ def init_device_mesh(
     if device == "cuda":
         _setup_cuda(world)
     spec = MeshSpec.row_major(shape, names)
-    if host_aware or world.hostnames is not None:
+    if host_aware or world.hosts is not None:
         from . import _topology
 
         hosts = _world_hosts(world)

@@ -169,13 +169,12 @@ class World:
     flattened: dict[tuple, dict[str, tuple]] = field(default_factory=dict)
     created: int = 0  # groups this rank has helped create (not counting the world)
     cuda_device: int | None = None  # chosen once by the first "cuda" mesh
-    agreements: int = 0
+    agreements: int = 0  # cross-rank checks run so far (names their store keys)
     # rank -> pid of this host's ranks, read once after the first cross-rank check: naming a
     # dead peer must not need the store, which dies with rank 0 (often just after its error)
-    host_pids: dict[int, int] | None = None  # cross-rank checks run so far (names their store keys)
+    host_pids: dict[int, int] | None = None
     alive: bool = True
-    hostnames: tuple[str, ...] | None = None  # host of each rank, gathered at init (real worlds)
-    hosts: Any = None  # the _topology.Hosts built from hostnames on first use
+    hosts: Any = None  # _topology.Hosts of every rank, gathered at init (real worlds of 2+)
 
     def __post_init__(self) -> None:
         ranks = Ranks(layout=Layout((((self.size, 1),),)))

@@ -127,7 +127,9 @@ def init_process_group(
         rank, world_size, backend, wait, engine, store, engine_default_group=engine_group
     )
     if store is not None and world_size > 1:
-        _WORLD.hostnames = _gather_hostnames(store, rank, world_size)
+        from ._topology import hosts_from_names
+
+        _WORLD.hosts = hosts_from_names(_gather_hostnames(store, rank, world_size))
         register(_WORLD)  # so that a rank dying before any mesh check is named
     log.debug("joined world: rank %d of %d, backend %s", rank, world_size, backend)
 

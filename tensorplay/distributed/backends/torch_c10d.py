@@ -8,6 +8,7 @@ and backend, so a group's identity never depends on how many groups were made be
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
@@ -111,7 +112,7 @@ def init_world(
             )
         except (RuntimeError, dist.DistError) as err:
             raise DistributedTimeoutError(
-                step, timeout.total_seconds(), absent(store, world_size, _JOINED),
+                step, timeout.total_seconds(), absent(store, range(world_size), _JOINED),
                 f"({_first_line(err)})",
             ) from err
     else:
@@ -126,10 +127,10 @@ def init_world(
     return dist.group.WORLD, store
 
 
-def absent(store: Any, world_size: int, prefix: str) -> list[int] | None:
-    """Ranks that never set ``prefix + rank`` in the store; None when the store is gone."""
+def absent(store: Any, ranks: Iterable[int], prefix: str) -> list[int] | None:
+    """Those of ``ranks`` that never set ``prefix + rank`` in the store; None if it is gone."""
     try:
-        return [r for r in range(world_size) if not store.check([f"{prefix}{r}"])]
+        return [r for r in ranks if not store.check([f"{prefix}{r}"])]
     except (RuntimeError, dist.DistError):  # rank 0, which serves the store, has left
         return None
 
