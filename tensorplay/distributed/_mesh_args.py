@@ -10,7 +10,7 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 
-from .errors import ArgumentError, ArgumentTypeError, bad_argument, bad_type
+from .errors import ArgumentTypeError, bad_argument, bad_type
 
 DEVICE_TYPES = ("cpu", "cuda")
 BACKENDS = ("gloo", "nccl", "fake")
@@ -41,34 +41,38 @@ def _int(name: str, value: object) -> int:
 
 def mesh_shape(value: object, world_size: int) -> tuple[int, ...]:
     """Positive ints whose product is the world size; at most one -1, inferred."""
+    return _sizes(value, world_size, "mesh_shape", "world",
+                  " (or use DeviceMesh(device_type, ranks) for a subset)")
+
+
+def _sizes(value: object, total: int, arg: str, whole: str, hint: str = "") -> tuple[int, ...]:
+    """Positive ints (one -1 inferred) multiplying to ``total``, the size of the ``whole``."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         value = (value,)
     if not isinstance(value, Sequence) or isinstance(value, str):
-        raise bad_type("mesh_shape", value, "tuple of ints", "pass e.g. mesh_shape=(2, 4)")
-    sizes = [_int(f"mesh_shape[{i}]", v) for i, v in enumerate(value)]
+        raise bad_type(arg, value, "tuple of ints", f"pass e.g. {arg}=(2, 4)")
+    sizes = [_int(f"{arg}[{i}]", v) for i, v in enumerate(value)]
     if not sizes:
-        raise bad_argument("mesh_shape", value, "is empty", f"pass e.g. ({world_size},)")
+        raise bad_argument(arg, value, "is empty", f"pass e.g. ({total},)")
     if sizes.count(-1) > 1:
-        raise bad_argument("mesh_shape", value, "has more than one -1", "leave at most one -1")
+        raise bad_argument(arg, value, "has more than one -1", "leave at most one -1")
     bad = [s for s in sizes if s < 1 and s != -1]
     if bad:
         raise bad_argument(
-            "mesh_shape", value, f"sizes must be positive (or one -1); got {bad[0]}",
-            "use sizes >= 1",
+            arg, value, f"sizes must be positive (or one -1); got {bad[0]}", "use sizes >= 1",
         )
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
-        if world_size % known:
+        if total % known:
             raise bad_argument(
-                "mesh_shape", value, f"the other sizes ({known}) do not divide the world "
-                f"size {world_size}", "choose sizes whose product divides the world size",
+                arg, value, f"the other sizes ({known}) do not divide the {whole} "
+                f"size {total}", f"choose sizes whose product divides the {whole} size",
             )
-        sizes[sizes.index(-1)] = world_size // known
-    if math.prod(sizes) != world_size:
+        sizes[sizes.index(-1)] = total // known
+    if math.prod(sizes) != total:
         raise bad_argument(
-            "mesh_shape", value, f"holds {math.prod(sizes)} ranks but the world has "
-            f"{world_size}", "make the product of the sizes equal the world size "
-            "(or use DeviceMesh(device_type, ranks) for a subset)",
+            arg, value, f"holds {math.prod(sizes)} ranks but the {whole} has {total}",
+            f"make the product of the sizes equal the {whole} size{hint}",
         )
     return tuple(sizes)
 
@@ -205,9 +209,5 @@ def backend_override(
 
 
 def positive_sizes(value: object, total: int, arg: str = "sizes") -> tuple[int, ...]:
-    """Sizes that multiply to ``total``; one -1 is inferred."""
-    try:
-        return mesh_shape(value, total)
-    except ArgumentError as err:
-        raise type(err)(str(err).replace("mesh_shape", arg).replace("world size", "dim size")
-                        .replace("the world has", "the dim has")) from err
+    """Sizes that multiply to ``total``, the size of a dim; one -1 is inferred."""
+    return _sizes(value, total, arg, "dim")
