@@ -1,23 +1,24 @@
 """Cross-rank agreement: before a mesh creates a group, every rank checks it was asked the same.
 
-Each rank reduces a digest of its request, and its negation, with one MAX over the world (one
-tiny all_reduce, no pickles): max(x) == -max(-x) means every rank passed the same request.
-On a difference the ranks gather their requests as JSON text and every rank raises the same
-MeshMismatchError naming which ranks passed which value.
+The check runs through the job's store alone, so it costs a few store round trips and no
+collective (and works the same on gloo and nccl worlds). At check #n each rank posts a digest
+of its request (``tensorplay/arrive/<n>/<rank>``) and waits for the outcome
+(``tensorplay/outcome/<n>``); rank 0 reads every digest with one multi_get, which returns once
+all are posted, and posts the outcome. Only short text travels, nothing is pickled. On a
+difference the ranks holding each distinct request post its JSON text, and every rank raises
+the same MeshMismatchError naming which ranks passed which value.
 
-When a check cannot finish, the error says why and who. Each rank marks its arrival at check
-#n in the store (``tensorplay/arrive/<n>/<rank>``) and, once per world, appends ``rank:pid`` to
-its host's list (``tensorplay/host/<hostname>``). So:
+When a check cannot finish, the error says why and who:
 
-- a wait that expires names the ranks that never arrived (DistributedTimeoutError) and leaves
-  a ``tensorplay/gave_up/<n>`` note, so a rank that arrives later fails at once instead of
-  waiting out its own timeout;
-- a broken connection names the ranks on this host whose process is gone and the ranks that
-  never arrived (RankFailedError); the host's rank:pid list is read once after the first
-  check, so naming the dead needs no store (rank 0, which serves it, may have exited);
-- a store that cannot be reached names rank 0, which serves it for env:// and tcp://.
-
-Only the store's keys and short text values and int64/uint8 tensors travel; nothing is pickled.
+- while a rank waits, a thread watches the other ranks of its host (their pids are gathered at
+  init_process_group). When one dies before posting its digest, the thread posts a death
+  notice as the outcome, which wakes every waiting rank on every host, and posts the digest
+  in the dead rank's place, which releases rank 0: each raises RankFailedError naming it;
+- a wait that expires names the ranks that never arrived (DistributedTimeoutError) and posts a
+  "gave up" outcome, so a rank that arrives later fails at once instead of waiting out its
+  own timeout;
+- a store that cannot be reached names rank 0, which serves it for env:// and tcp://, or the
+  ranks of this host that died.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -44,14 +46,21 @@ from .errors import (
 if TYPE_CHECKING:
     from .process_group import World
 
-ARRIVE = "tensorplay/arrive/{n}/{rank}"
-GAVE_UP = "tensorplay/gave_up/{n}"
-HOST = "tensorplay/host/{host}"
+ARRIVE = "tensorplay/arrive/{n}/{rank}"  # the rank's request digest (or "dead ...")
+OUTCOME = "tensorplay/outcome/{n}"  # ok | differ ... | gave_up ... | dead ...
+REQUEST = "tensorplay/request/{n}/{rank}"  # a request's JSON text, posted only on a difference
+SHOWN_VALUES = 8  # distinct requests a mismatch error spells out; the rest are counted
+WATCH_S = 0.2  # how often a waiting rank looks for dead ranks on its host
 DEATH_GRACE_S = 1.0  # a peer's socket closes a moment before its process is reaped
 FIX_FAILED = (
     "Fix: find the first rank that failed in the launcher's output (a crash, an out-of-memory "
     "kill, a signal) and fix that; then restart the whole job (a world with a dead rank "
     "cannot be repaired)."
+)
+FIX_LATE = (
+    "Fix: make this rank reach the call sooner (is it doing extra work or stuck before it?), "
+    "or raise the limit with init_process_group(timeout=...) or TENSORPLAY_TIMEOUT; then "
+    "restart the whole job."
 )
 
 
@@ -60,44 +69,121 @@ def agree(world: World, what: str, request: dict[str, object]) -> None:
 
     Raises MeshMismatchError (same text on every rank) when they differ,
     DistributedTimeoutError naming the ranks that never arrived when the wait expires, and
-    RankFailedError naming dead ranks when a peer's connection or the store breaks.
+    RankFailedError naming dead ranks when a peer dies or the store breaks.
     """
     if world.engine.NAME == "fake" or world.size == 1:
         return
-    import torch
-
-    from . import collectives
-
     world.agreements += 1
     n = world.agreements
     step = f"{what} (cross-rank check #{n})"
-    _store(world, step, lambda: world.store.set(ARRIVE.format(n=n, rank=world.rank), what))
-    gave_up = GAVE_UP.format(n=n)
-    if _store(world, step, lambda: world.store.check([gave_up])):
-        note = _store(world, step, lambda: world.store.get(gave_up)).decode(errors="replace")
+    arrived_at = time.time()
+    text = json.dumps(request, sort_keys=True, default=str)
+    store = world.store
+    _store(world, step, lambda: store.set(ARRIVE.format(n=n, rank=world.rank), _digest(text)))
+    with _death_watch(world, n):
+        if world.rank == 0:
+            outcome = _judge(world, step, n)
+        else:
+            outcome = _await(world, step, n, [OUTCOME.format(n=n)])[0]
+    kind, _, rest = outcome.partition(" ")
+    if kind == "ok":
+        return
+    if kind == "differ":
+        _raise_mismatch(world, what, step, n, text, rest)
+    if kind == "dead":
+        raise _diagnose(world, step, n, None, timed_out=False, dead=_parse_dead(rest))
+    when, _, note = rest.partition(" ")  # gave_up <time> <note>
+    if arrived_at > float(when):
         raise DistributedTimeoutError(
             step, world.timeout.total_seconds(), None,
             who=f"rank {world.rank} arrived after the others had given up waiting ({note})",
-            fix="Fix: make this rank reach the call sooner (is it doing extra work or stuck "
-                "before it?), or raise the limit with init_process_group(timeout=...) or "
-                "TENSORPLAY_TIMEOUT; then restart the whole job.",
+            fix=FIX_LATE,
         )
-    text = json.dumps(request, sort_keys=True, default=str)
-    digest = hashlib.sha256(text.encode()).digest()
-    words = [int.from_bytes(digest[i : i + 7], "big") for i in range(0, 28, 7)]
-    mine = words + [len(text)]
-    # one MAX over (x, -x) gives both extremes: max(x) and -min(x)
-    extremes = torch.tensor(mine + [-v for v in mine], dtype=torch.int64)
-    with _named_failures(world, step, n):
-        collectives.all_reduce(extremes, collectives.ReduceOp.MAX)
-    high, low = extremes[: len(mine)], -extremes[len(mine) :]
-    if world.host_pids is None:  # every rank has registered by now
-        world.host_pids = _store(world, step, lambda: _read_host_pids(world))
-    if torch.equal(low, high):
+    raise _diagnose(world, step, n, None, timed_out=True)  # another waiter gave up first
+
+
+def _digest(text: str) -> str:
+    """A request's fingerprint: 128 bits of its SHA-256, as hex."""
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _judge(world: World, step: str, n: int) -> str:
+    """Rank 0: read every digest of check #n, post the outcome and return what was posted.
+
+    A gave-up or death notice posted before ours wins, and is returned instead.
+    """
+    key = OUTCOME.format(n=n)
+    if _store(world, step, lambda: world.store.check([key])):  # this rank is late
+        return _store(world, step, lambda: world.store.get(key).decode())
+    digests = _await(world, step, n, [ARRIVE.format(n=n, rank=r) for r in range(world.size)])
+    if all(d == digests[0] for d in digests):
+        verdict = "ok"
+    else:
+        by_digest: dict[str, list[int]] = {}
+        for rank, d in enumerate(digests):
+            by_digest.setdefault(d, []).append(rank)
+        verdict = "differ " + " ".join(_runs(ranks) for ranks in by_digest.values())
+    return _store(world, step, lambda: world.store.compare_set(key, "", verdict).decode())
+
+
+def _await(world: World, step: str, n: int, keys: list[str]) -> list[str]:
+    """The values of ``keys`` once every one is posted; waits up to the world's timeout."""
+    try:
+        return [v.decode() for v in world.store.multi_get(keys)]
+    except (RuntimeError, OSError) as err:
+        raise _diagnose(world, step, n, err, _is_timeout(err)) from err
+
+
+@contextmanager
+def _death_watch(world: World, n: int) -> Iterator[None]:
+    """Inside the block, watch this host's other ranks; when one dies, post a death notice as
+    check #n's outcome and its digest (if it never posted one), which wakes every waiter.
+
+    The notice goes through a clone of the store (its own connection), since this rank's
+    connection is busy waiting.
+    """
+    others = {r: p for r, p in (world.host_pids or {}).items() if r != world.rank}
+    if not others:
+        yield
         return
-    with _named_failures(world, step, n):
-        requests = _gather_requests(world, text, int(high[-1]))
-    _raise_mismatch(what, requests)
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(WATCH_S):
+            dead = sorted((r, p) for r, p in others.items() if not _running(p))
+            if dead:
+                notice = "dead " + _dead_text(dead, _env.hostname())
+                with suppress(RuntimeError, OSError):  # the store died too: the wait will say
+                    store = world.store.clone()
+                    store.compare_set(OUTCOME.format(n=n), "", notice)
+                    for rank, _ in dead:
+                        store.compare_set(ARRIVE.format(n=n, rank=rank), "", notice)
+                return
+
+    threading.Thread(target=watch, name=f"tensorplay-death-watch-{n}", daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
+def _dead_text(dead: list[tuple[int, int]], host: str) -> str:
+    return " ".join(f"{rank}:{pid}@{host}" for rank, pid in dead)
+
+
+def _parse_dead(text: str) -> list[tuple[int, int, str]]:
+    """(rank, pid, host) of each entry of a death notice."""
+    out = []
+    for item in text.split(" "):
+        rank, _, rest = item.partition(":")
+        pid, _, host = rest.partition("@")
+        out.append((int(rank), int(pid), host))
+    return out
+
+
+def _is_timeout(err: BaseException) -> bool:
+    lowered = str(err).lower()
+    return "timed out" in lowered or "timeout" in lowered
 
 
 @contextmanager
@@ -109,51 +195,55 @@ def named_failures(world: World, step: str) -> Iterator[None]:
     A timeout becomes DistributedTimeoutError; a broken connection, or a timeout while a peer
     on this host is dead, becomes RankFailedError naming it.
     """
-    with _named_failures(world, step, None):
-        yield
-
-
-@contextmanager
-def _named_failures(world: World, step: str, n: int | None) -> Iterator[None]:
     if world.engine.NAME == "fake":
         yield
         return
     try:
         yield
     except (DistributedTimeoutError, RankFailedError) as err:
-        raise _diagnose(world, step, n, err, isinstance(err, DistributedTimeoutError)) from err
+        raise _diagnose(world, step, None, err, isinstance(err, DistributedTimeoutError)) from err
     except DistributedError:
         raise
     except RuntimeError as err:  # the engine's own failures (c10d store, gloo)
-        lowered = str(err).lower()
-        timed_out = "timed out" in lowered or "timeout" in lowered
-        raise _diagnose(world, step, n, err, timed_out) from err
+        raise _diagnose(world, step, None, err, _is_timeout(err)) from err
 
 
 def _diagnose(
-    world: World, step: str, n: int | None, err: BaseException, timed_out: bool
+    world: World,
+    step: str,
+    n: int | None,
+    err: BaseException | None,
+    timed_out: bool,
+    dead: list[tuple[int, int, str]] | None = None,
 ) -> DistributedError:
-    """The error to raise when ``step`` failed: who never arrived, who died, or who is slow."""
-    said = _engine_words(err)
+    """The error to raise when ``step`` failed: who died, who never arrived, or who is slow.
+
+    ``dead`` comes from a death notice; else this host's ranks are looked at. ``n`` is the
+    check's number, None outside a check.
+    """
+    said = f" Engine said: {_engine_words(err)}." if err is not None else ""
     timeout_s = world.timeout.total_seconds()
+    if dead is None:
+        here = _env.hostname()
+        dead = [(r, p, here) for r, p in
+                _dead_on_this_host(world, wait_s=0.0 if timed_out else DEATH_GRACE_S)]
     store_gone: RankFailedError | None = None
     try:
-        dead = _dead_on_this_host(world, step, wait_s=0.0 if timed_out else DEATH_GRACE_S)
         missing = _missing(world, step, n) if n is not None else []
-    except RankFailedError as err_store:
-        store_gone, missing = err_store, []
-        dead = _dead_on_this_host(world, step, wait_s=0.0, store=False)
+    except RankFailedError as gone:
+        store_gone, missing = gone, []
     if timed_out and n is not None and store_gone is None:
         _mark_gave_up(world, n, missing)
     never = f"{rank_words(missing)} never arrived at it" if missing else ""
     if dead:
-        gone = ", ".join(f"rank {r} (pid {pid})" for r, pid in dead)
-        parts = [f"{step} failed: {gone} died (no longer running on this host)"]
+        host = dead[0][2]
+        where = "this host" if host == _env.hostname() else f"host {host}"
+        gone = ", ".join(f"rank {r} (pid {pid})" for r, pid, _ in dead)
+        parts = [f"{step} failed: {gone} died (no longer running on {where})"]
         if never:
             parts.append(never)
-        return RankFailedError(
-            "; ".join(parts) + f". Engine said: {said}. {FIX_FAILED}", ranks=[r for r, _ in dead]
-        )
+        return RankFailedError("; ".join(parts) + f".{said} {FIX_FAILED}",
+                               ranks=[r for r, _, _ in dead])
     if store_gone is not None:
         return store_gone
     if timed_out:
@@ -161,15 +251,13 @@ def _diagnose(
         if n is not None and not missing:
             who = "every rank arrived, but the check did not complete (a rank is stuck or slow)"
         return DistributedTimeoutError(step, timeout_s, missing if who is None else None,
-                                       f"Engine said: {said}.", who=who)
+                                       said.strip(), who=who)
     parts = [f"{step} failed: the connection to a peer rank broke"]
     if never:
         parts.append(never)
     else:
         parts.append("no rank on this host died, so a rank on another host probably did")
-    return RankFailedError(
-        "; ".join(parts) + f". Engine said: {said}. {FIX_FAILED}", ranks=missing or None
-    )
+    return RankFailedError("; ".join(parts) + f".{said} {FIX_FAILED}", ranks=missing or None)
 
 
 def _engine_words(err: BaseException) -> str:
@@ -195,56 +283,29 @@ def _store(world: World, step: str, call: Callable[[], Any]) -> Any:
         ) from err
 
 
-def register(world: World) -> None:
-    """Add 'rank:pid' to this host's list in the store, so that peers here can see us die.
-
-    init_process_group() calls it once, right after joining, so that even a rank that dies
-    before any check is named.
-    """
-    if world.engine.NAME == "fake" or world.size == 1:
-        return
-    world.store.append(HOST.format(host=_env.hostname()), f"{world.rank}:{os.getpid()};")
-
-
 def _missing(world: World, step: str, n: int) -> list[int]:
-    """Ranks that have not marked their arrival at check #n."""
+    """Ranks that have not posted their digest at check #n."""
     keys = [ARRIVE.format(n=n, rank=r) for r in range(world.size)]
     return _store(world, step,
                   lambda: [r for r, key in enumerate(keys) if not world.store.check([key])])
 
 
 def _mark_gave_up(world: World, n: int, missing: list[int]) -> None:
-    """Leave a note so that a rank arriving at check #n later fails at once."""
-    note = (f"rank {world.rank} stopped waiting after {world.timeout.total_seconds():g} s; "
-            f"missing then: {format_ranks(missing)}")
+    """Post 'gave up' as check #n's outcome, so that a rank arriving later fails at once."""
+    note = (f"gave_up {time.time():.6f} rank {world.rank} stopped waiting after "
+            f"{world.timeout.total_seconds():g} s; missing then: {format_ranks(missing)}")
     with suppress(RuntimeError, OSError):  # the store is gone too: the late rank will see
-        world.store.set(GAVE_UP.format(n=n), note)
+        world.store.compare_set(OUTCOME.format(n=n), "", note)
 
 
-def _read_host_pids(world: World) -> dict[int, int]:
-    """rank -> pid of the ranks registered on this host, read from the store."""
-    key = HOST.format(host=_env.hostname())
-    raw = world.store.get(key) if world.store.check([key]) else b""
-    pids: dict[int, int] = {}
-    for item in raw.decode().split(";"):
-        if item:
-            rank, pid = item.split(":")
-            pids[int(rank)] = int(pid)
-    return pids
-
-
-def _dead_on_this_host(
-    world: World, step: str, wait_s: float, store: bool = True
-) -> list[tuple[int, int]]:
-    """(rank, pid) of the ranks registered on this host whose process has gone.
+def _dead_on_this_host(world: World, wait_s: float) -> list[tuple[int, int]]:
+    """(rank, pid) of the other ranks of this host whose process has gone.
 
     A peer's sockets close just before its process becomes a zombie, so when ``wait_s`` > 0
     this looks again for up to that long before answering that none died.
     """
     deadline = time.monotonic() + wait_s
-    pids = world.host_pids
-    if pids is None:  # a failure in the world's first check: read the list now, once
-        pids = _store(world, step, lambda: _read_host_pids(world)) if store else {}
+    pids = world.host_pids or {}
     while True:
         dead = sorted((r, p) for r, p in pids.items() if r != world.rank and not _running(p))
         if dead or time.monotonic() >= deadline:
@@ -270,21 +331,26 @@ def _running(pid: int) -> bool:
         return True
 
 
-def _gather_requests(world: World, text: str, longest: int) -> list[dict[str, Any]]:
-    """Every rank's request, in rank order, gathered as padded UTF-8 JSON bytes."""
-    import torch
+def _runs(ranks: list[int]) -> str:
+    """Sorted ranks as runs: [0, 1, 2, 5] -> '0-2,5' (parsed back by _unruns)."""
+    out: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ",".join(out)
 
-    from . import collectives
 
-    mine = torch.zeros(longest, dtype=torch.uint8)
-    raw = text.encode()
-    mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    everyone = torch.zeros(world.size * longest, dtype=torch.uint8)
-    collectives.all_gather_into_tensor(everyone, mine)
-    return [
-        json.loads(bytes(everyone[r * longest : (r + 1) * longest].tolist()).rstrip(b"\0"))
-        for r in range(world.size)
-    ]
+def _unruns(text: str) -> list[int]:
+    ranks: list[int] = []
+    for run in text.split(","):
+        first, _, last = run.partition("-")
+        ranks.extend(range(int(first), int(last or first) + 1))
+    return ranks
 
 
 def _shown(value: Any) -> str:
@@ -296,14 +362,29 @@ def _shown(value: Any) -> str:
     return repr(tuples(value))
 
 
-def _raise_mismatch(what: str, requests: list[dict[str, Any]]) -> None:
-    """Raise one MeshMismatchError listing who passed what for the first differing field."""
+def _raise_mismatch(world: World, what: str, step: str, n: int, text: str, groups: str) -> None:
+    """Raise one MeshMismatchError listing who passed what for the first differing field.
+
+    ``groups`` holds the ranks of each distinct request (runs, space-separated, in order of
+    their first rank). The first rank of each of the first SHOWN_VALUES groups posts its
+    request's text; every rank reads those texts, so every rank words the same error.
+    """
+    ranks_of = [_unruns(g) for g in groups.split(" ")]
+    shown, hidden = ranks_of[:SHOWN_VALUES], ranks_of[SHOWN_VALUES:]
+    keys = [REQUEST.format(n=n, rank=ranks[0]) for ranks in shown]
+    if any(ranks[0] == world.rank for ranks in shown):
+        _store(world, step, lambda: world.store.set(REQUEST.format(n=n, rank=world.rank), text))
+    requests = [json.loads(raw) for raw in _await(world, step, n, keys)]
     fields = sorted({key for request in requests for key in request})
     differing = [f for f in fields
                  if len({json.dumps(r.get(f), sort_keys=True) for r in requests}) > 1]
+    if hidden and not differing:
+        differing = fields
     field = differing[0] if differing else "the request"
     by_value: dict[str, list[int]] = {}
-    for rank, request in enumerate(requests):
-        by_value.setdefault(_shown(request.get(field)), []).append(rank)
+    for request, ranks in zip(requests, shown, strict=True):
+        by_value.setdefault(_shown(request.get(field)), []).extend(ranks)
+    if hidden:
+        by_value[f"<{len(hidden)} more distinct requests>"] = [r for g in hidden for r in g]
     also = f" (also differing: {', '.join(differing[1:])})" if len(differing) > 1 else ""
     raise MeshMismatchError(f"{field} in {what}{also}", by_value)

@@ -170,8 +170,8 @@ class World:
     created: int = 0  # groups this rank has helped create (not counting the world)
     cuda_device: int | None = None  # chosen once by the first "cuda" mesh
     agreements: int = 0  # cross-rank checks run so far (names their store keys)
-    # rank -> pid of this host's ranks, read once after the first cross-rank check: naming a
-    # dead peer must not need the store, which dies with rank 0 (often just after its error)
+    # rank -> pid of this host's ranks, gathered at init: naming a dead peer must not need
+    # the store, which dies with rank 0 (often just after its error)
     host_pids: dict[int, int] | None = None
     alive: bool = True
     hosts: Any = None  # _topology.Hosts of every rank, gathered at init (real worlds of 2+)

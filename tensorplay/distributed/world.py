@@ -7,11 +7,12 @@ starts the engine (gloo, nccl, or the in-process "fake" world) and keeps one Wor
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from datetime import timedelta
 
 from . import _env
-from ._consensus import named_failures, register
+from ._consensus import named_failures
 from ._mesh_spec import Ranks
 from .errors import (
     ArgumentError,
@@ -129,23 +130,27 @@ def init_process_group(
     if store is not None and world_size > 1:
         from ._topology import hosts_from_names
 
-        _WORLD.hosts = hosts_from_names(_gather_hostnames(store, rank, world_size))
-        register(_WORLD)  # so that a rank dying before any mesh check is named
+        names, pids = _gather_hosts(store, rank, world_size)
+        _WORLD.hosts = hosts_from_names(names)
+        here = _env.hostname()  # so that a rank dying in a later wait is named by its pid
+        _WORLD.host_pids = {r: pid for r, (name, pid) in enumerate(zip(names, pids, strict=True))
+                            if name == here}
     log.debug("joined world: rank %d of %d, backend %s", rank, world_size, backend)
 
 
-def _gather_hostnames(store, rank: int, world_size: int) -> tuple[str, ...]:
-    """Every rank's host name, through the rendezvous store (plain text, no pickles).
+def _gather_hosts(store, rank: int, world_size: int) -> tuple[list[str], list[int]]:
+    """Every rank's (host name, pid), through the rendezvous store (plain text, no pickles).
 
-    Each rank posts its name; rank 0 collects them in one multi_get into one key that every
-    rank reads: 2N + 1 store operations in all, bounded by the store's timeout.
+    Each rank posts "<pid> <host>"; rank 0 collects them in one multi_get into one key that
+    every rank reads: 2N + 1 store operations in all, bounded by the store's timeout.
     """
     key = "tensorplay/hosts"
-    store.set(f"{key}/{rank}", _env.hostname())
+    store.set(f"{key}/{rank}", f"{os.getpid()} {_env.hostname()}")
     if rank == 0:
         values = store.multi_get([f"{key}/{r}" for r in range(world_size)])
         store.set(key, "\n".join(v.decode() for v in values))
-    return tuple(store.get(key).decode().split("\n"))
+    entries = [line.split(" ", 1) for line in store.get(key).decode().split("\n")]
+    return [host for _, host in entries], [int(pid) for pid, _ in entries]
 
 
 def _from_launch(launch: _env.LaunchEnv | None, field: str, var: str) -> int:

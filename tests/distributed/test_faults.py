@@ -88,7 +88,7 @@ def mismatch_job(rank: int, tmp: str) -> dict:
     import torch
 
     import tensorplay.distributed as dist
-    from tensorplay.distributed import collectives
+    from tensorplay.distributed import _consensus
     from tensorplay.distributed.device_mesh import init_device_mesh
 
     _join(rank, tmp)
@@ -109,7 +109,7 @@ def mismatch_job(rank: int, tmp: str) -> dict:
 
     out["good"] = _attempt(good)
     if rank == 3:  # (e): rank 3 now dies inside the next mesh's cross-rank check
-        collectives.all_reduce = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+        _consensus._digest = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
     out["killed"] = _attempt(lambda: init_device_mesh("cpu", (4, 1)))
     return out
 
@@ -237,6 +237,47 @@ def test_a_rank_killed_in_the_check_is_named_by_the_survivors(mismatch):
         _check_bounded(result, PG_TIMEOUT_S)  # a broken connection is seen at once
 
 
+def killed_in_check_job(rank: int, tmp: str, victim: int, hosts: list[str]) -> dict:
+    """Ranks live on the named (simulated) hosts; ``victim`` SIGKILLs itself in the check."""
+    from tensorplay.distributed import _consensus
+    from tensorplay.distributed.device_mesh import init_device_mesh
+
+    os.environ["TENSORPLAY_HOSTNAME"] = hosts[rank]
+    _join(rank, tmp, n=len(hosts))
+    if rank == victim:
+        _consensus._digest = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    return _attempt(lambda: init_device_mesh("cpu", (len(hosts),)))
+
+
+def test_a_death_seen_on_one_host_reaches_the_ranks_of_another(tmp_path):
+    """Rank 3 dies on host hB: rank 2 sees it there and its notice wakes ranks 0, 1 on hA."""
+    hosts = ["hA", "hA", "hB", "hB"]
+    out = spawn.run(killed_in_check_job, N, str(tmp_path), 3, hosts, init=False, timeout=120,
+                    expect_errors=True)
+    assert out[3] is spawn.NO_ANSWER
+    for rank in range(3):
+        result = out[rank]
+        assert "RankFailedError" in result["error"], (rank, result)
+        assert result["ranks"] == [3], result
+        where = "this host" if rank == 2 else "host hB"
+        assert f"died (no longer running on {where})" in result["message"], result
+        assert "rank 3 (pid" in result["message"] and "Fix" in result["message"]
+        assert result["made"] == 0
+        _check_bounded(result, PG_TIMEOUT_S)  # seen by the watch, not by a timeout
+
+
+def test_rank_0_dying_in_the_check_is_named_though_the_store_dies_with_it(tmp_path):
+    out = spawn.run(killed_in_check_job, 3, str(tmp_path), 0, ["h"] * 3, init=False,
+                    timeout=120, expect_errors=True)
+    assert out[0] is spawn.NO_ANSWER
+    for rank in (1, 2):
+        result = out[rank]
+        assert "RankFailedError" in result["error"], (rank, result)
+        assert result["ranks"] == [0], result
+        assert "rank 0 (pid" in result["message"] and "died" in result["message"], result
+        _check_bounded(result, PG_TIMEOUT_S)
+
+
 def killed_in_groups_job(rank: int, tmp: str) -> dict:
     """3 ranks; rank 2 SIGKILLs itself when it starts creating the mesh's group."""
     from tensorplay.distributed.backends import torch_c10d
@@ -267,7 +308,7 @@ LAUNCHED = """\
 import os, signal, sys, time
 from pathlib import Path
 import tensorplay.distributed as dist
-from tensorplay.distributed import collectives
+from tensorplay.distributed import _consensus
 from tensorplay.distributed.device_mesh import init_device_mesh
 HERE = Path(__file__).resolve().parent
 RANK, N = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -276,7 +317,7 @@ while not all((HERE / f"pid_{r}").exists() for r in range(N)):  # every rank imp
     time.sleep(0.02)
 dist.init_process_group("gloo", timeout=float(sys.argv[1]))
 if RANK == 3:
-    collectives.all_reduce = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    _consensus._digest = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 try:
     init_device_mesh("cpu", (2, 2))
 except Exception as err:
@@ -363,12 +404,11 @@ def test_running_treats_zombies_and_reaped_processes_as_dead():
 
 
 def test_a_broken_connection_names_the_dead_and_the_missing():
-    from tensorplay.distributed import _consensus, _env
+    from tensorplay.distributed import _consensus
     from tensorplay.distributed.errors import RankFailedError
 
     world = _world()
-    host = _consensus.HOST.format(host=_env.hostname())
-    world.store.append(host, f"0:{os.getpid()};1:{os.getpid()};2:{_exited_pid()};")
+    world.host_pids = {0: os.getpid(), 1: os.getpid(), 2: _exited_pid()}
     _arrive(world, 1, [0, 1, 2])
     err = _consensus._diagnose(world, "init_device_mesh() (cross-rank check #1)", 1,
                                RuntimeError("[pair.cc:1] Connection reset by peer"), False)
