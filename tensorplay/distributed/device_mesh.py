@@ -17,7 +17,7 @@ from ._consensus import agree, named_failures
 from ._mesh_spec import MeshSpec, Ranks
 from .errors import ArgumentError, NotAMemberError, bad_argument
 from .process_group import ProcessGroup, World
-from .world import current_world
+from .world import current_world, hosts
 
 log = logging.getLogger("tensorplay.distributed")
 
@@ -144,10 +144,11 @@ class DeviceMesh:
     def host_of(self):
         """Which host each world rank runs on: ``mesh.host_of()(5)`` -> 'node1'.
 
-        Gathered once at init_process_group; a fake world is one host (this machine's name).
+        Posted by every rank at init_process_group and read from the store on first use; a
+        fake world is one host (this machine's name).
         """
         self._alive("host_of()")
-        return _world_hosts(self._world)
+        return hosts(self._world)
 
     def describe(self, rank: int | None = None, host_of=None) -> str:
         """A text report: shape, rank grid, groups per dim and how many cross hosts, and the
@@ -439,16 +440,6 @@ def _as_our_group(world: World, group: Any, index: int) -> ProcessGroup:
                        "pass tensorplay or torch.distributed process groups")
 
 
-def _world_hosts(world: World):
-    """The world's host map: gathered at init, or one host (this one) in a fake or 1-rank world."""
-    if world.hosts is not None:
-        return world.hosts
-    from . import _env
-    from ._topology import Hosts
-
-    return Hosts.blocks(world.size, 1, names=[_env.hostname()])
-
-
 def _unpickle(device: str, spec: MeshSpec, root: MeshSpec, backends: tuple[str, ...]):
     """Rebuild a pickled mesh in the current world, reusing (or making) its groups."""
     world = current_world("unpickling a DeviceMesh")
@@ -516,16 +507,17 @@ def init_device_mesh(
     if device == "cuda":
         _setup_cuda(world)
     spec = MeshSpec.row_major(shape, names)
-    if host_aware or world.hosts is not None:
+    if host_aware:  # every rank reads the full host list (O(world size) each)
         from . import _topology
 
-        hosts = _world_hosts(world)
-        if host_aware:
-            order = _topology.host_aware_order(shape, hosts)
-            if order is not None:
-                spec = MeshSpec.from_ranks(shape, order, names)
-        elif world.rank == 0 and spec.size <= _topology.CROSSING_LIMIT:
-            hint = _topology.advice(spec, hosts)
+        order = _topology.host_aware_order(shape, hosts(world))
+        if order is not None:
+            spec = MeshSpec.from_ranks(shape, order, names)
+    elif world.rank == 0 and world.hosts is not None:  # rank 0 holds it from init
+        from . import _topology
+
+        if spec.size <= _topology.CROSSING_LIMIT:
+            hint = _topology.advice(spec, world.hosts)
             if hint is not None:
                 log.warning("init_device_mesh%s: %s", shape, hint)
     return DeviceMesh._make(world, device, spec, spec, backends,

@@ -174,7 +174,7 @@ class World:
     # the store, which dies with rank 0 (often just after its error)
     host_pids: dict[int, int] | None = None
     alive: bool = True
-    hosts: Any = None  # _topology.Hosts of every rank, gathered at init (real worlds of 2+)
+    hosts: Any = None  # _topology.Hosts of every rank: rank 0 from init, others on first use
 
     def __post_init__(self) -> None:
         ranks = Ranks(layout=Layout((((self.size, 1),),)))

@@ -128,29 +128,63 @@ def init_process_group(
         rank, world_size, backend, wait, engine, store, engine_default_group=engine_group
     )
     if store is not None and world_size > 1:
-        from ._topology import hosts_from_names
-
-        names, pids = _gather_hosts(store, rank, world_size)
-        _WORLD.hosts = hosts_from_names(names)
-        here = _env.hostname()  # so that a rank dying in a later wait is named by its pid
-        _WORLD.host_pids = {r: pid for r, (name, pid) in enumerate(zip(names, pids, strict=True))
-                            if name == here}
+        _WORLD.host_pids = _exchange_hosts(_WORLD)
     log.debug("joined world: rank %d of %d, backend %s", rank, world_size, backend)
 
 
-def _gather_hosts(store, rank: int, world_size: int) -> tuple[list[str], list[int]]:
-    """Every rank's (host name, pid), through the rendezvous store (plain text, no pickles).
+HOSTS = "tensorplay/hosts"  # every rank's host name, one per line, posted by rank 0
+HOST_OF = "tensorplay/hosts/{rank}"  # "<pid> <host>", posted by each rank
+ON_HOST = "tensorplay/host/{host}"  # "<rank>:<pid>;..." of one host, posted by rank 0
 
-    Each rank posts "<pid> <host>"; rank 0 collects them in one multi_get into one key that
-    every rank reads: 2N + 1 store operations in all, bounded by the store's timeout.
+
+def _exchange_hosts(world: World) -> dict[int, int]:
+    """Post this rank's host and pid; return rank -> pid of the ranks on this host.
+
+    Each rank posts "<pid> <host>"; rank 0 reads them all with one multi_get and posts, with
+    one multi_set, every host's rank:pid list and the list of all host names. Every other
+    rank reads only its own host's list: 2 store operations and O(ranks per host) bytes per
+    rank, O(N) in all. The full list is read later, only where needed (hosts()). Rank 0
+    keeps it, so it can advise on meshes at no cost. Plain text, no pickles; every wait is
+    bounded by the store's timeout.
     """
-    key = "tensorplay/hosts"
-    store.set(f"{key}/{rank}", f"{os.getpid()} {_env.hostname()}")
-    if rank == 0:
-        values = store.multi_get([f"{key}/{r}" for r in range(world_size)])
-        store.set(key, "\n".join(v.decode() for v in values))
-    entries = [line.split(" ", 1) for line in store.get(key).decode().split("\n")]
-    return [host for _, host in entries], [int(pid) for pid, _ in entries]
+    store, here = world.store, _env.hostname()
+    store.set(HOST_OF.format(rank=world.rank), f"{os.getpid()} {here}")
+    if world.rank == 0:
+        entries = [v.decode().split(" ", 1) for v in
+                   store.multi_get([HOST_OF.format(rank=r) for r in range(world.size)])]
+        names = [host for _, host in entries]
+        per_host: dict[str, str] = {}
+        for rank, (pid, host) in enumerate(entries):
+            per_host[host] = per_host.get(host, "") + f"{rank}:{pid};"
+        keys = [ON_HOST.format(host=h) for h in per_host] + [HOSTS]
+        store.multi_set(keys, [*per_host.values(), "\n".join(names)])
+        world.hosts = _hosts_from_names(names)
+        mine = per_host[here]
+    else:
+        mine = store.get(ON_HOST.format(host=here)).decode()  # waits for rank 0
+    pairs = (item.split(":") for item in mine.split(";") if item)
+    return {int(rank): int(pid) for rank, pid in pairs}
+
+
+def _hosts_from_names(names):
+    from ._topology import hosts_from_names
+
+    return hosts_from_names(names)
+
+
+def hosts(world: World):
+    """The world's host map (a _topology.Hosts), read from the store on first use.
+
+    A fake or 1-rank world is one host: this machine.
+    """
+    if world.hosts is None:
+        if world.store is not None and world.size > 1:
+            world.hosts = _hosts_from_names(world.store.get(HOSTS).decode().split("\n"))
+        else:
+            from ._topology import Hosts
+
+            world.hosts = Hosts.blocks(world.size, 1, names=[_env.hostname()])
+    return world.hosts
 
 
 def _from_launch(launch: _env.LaunchEnv | None, field: str, var: str) -> int:

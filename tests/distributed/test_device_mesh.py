@@ -240,12 +240,15 @@ def hosts_job(rank: int):
 
     os.environ["TENSORPLAY_HOSTNAME"] = f"node{rank % 2}"  # a round-robin launcher on 2 hosts
     dist.init_process_group("gloo", timeout=30)
+    world = world_module._WORLD
+    at_init = {"has_all_hosts": world.hosts is not None, "host_pids": world.host_pids,
+               "pid": os.getpid()}
     plain = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     aware = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"), host_aware=True)
     out = {
         "host": plain.host_of()(rank), "others": [plain.host_of()(r) for r in range(4)],
         "aware_mesh": aware.mesh.tolist(), "aware_tp": aware.get_group("tp").ranks,
-        "tp_sum": _sum_over(aware.get_group("tp")), "report": aware.describe(),
+        "tp_sum": _sum_over(aware.get_group("tp")), "report": aware.describe(), **at_init,
     }
     dist.destroy_process_group()
     return out
@@ -261,6 +264,10 @@ def test_hosts_are_gathered_and_host_aware_keeps_tp_inside_a_host():
         assert out["aware_tp"] == ([0, 2] if rank % 2 == 0 else [1, 3])
         assert out["tp_sum"] == sum(out["aware_tp"])
         assert "0 of 2" in out["report"]  # no "tp" group crosses a host
+        # at init each rank read only its own host's ranks; rank 0 alone holds every host
+        assert out["has_all_hosts"] == (rank == 0)
+        assert sorted(out["host_pids"]) == [r for r in range(4) if r % 2 == rank % 2]
+        assert out["host_pids"][rank] == out["pid"]
 
 
 def cuda_job(rank: int):
