@@ -153,7 +153,8 @@ def _death_watch(world: World, n: int) -> Iterator[None]:
             dead = sorted((r, p) for r, p in others.items() if not _running(p))
             if dead:
                 notice = "dead " + _dead_text(dead, _env.hostname())
-                with suppress(RuntimeError, OSError):  # the store died too: the wait will say
+                # the store died too (the wait will say so), or a torch without Store.clone
+                with suppress(RuntimeError, OSError, AttributeError):
                     store = world.store.clone()
                     store.compare_set(OUTCOME.format(n=n), "", notice)
                     for rank, _ in dead:

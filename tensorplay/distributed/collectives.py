@@ -32,6 +32,8 @@ _TORCH_OPS = {
     ReduceOp.MIN: dist.ReduceOp.MIN,
     ReduceOp.MAX: dist.ReduceOp.MAX,
 }
+# keyed by id(): Enum hashing runs Python code, and the members are singletons
+_TORCH_OPS_BY_ID = {id(ours): theirs for ours, theirs in _TORCH_OPS.items()}
 # torch 2.13 renamed the tensor forms; older releases only have the old names.
 _GATHER_INTO = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _SCATTER_FROM = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -44,10 +46,15 @@ _GLOO_DTYPES = {
 class _Buffer:
     """A tensor view of a user's tensor or numpy array, copied back after when needed."""
 
+    __slots__ = ("copy_back", "tensor", "value")
+
     def __init__(self, value: Any, name: str, group: ProcessGroup):
         self.value = value
         self.copy_back = False
-        if isinstance(value, np.ndarray):
+        if isinstance(value, torch.Tensor):  # the common case first: this runs on every call
+            self.tensor = value if value.is_contiguous() else value.contiguous()
+            self.copy_back = self.tensor is not value
+        elif isinstance(value, np.ndarray):
             if not value.flags.writeable:
                 raise bad_argument(
                     name, "<read-only ndarray>", "is read-only", "pass a writeable array"
@@ -57,9 +64,6 @@ class _Buffer:
             else:
                 self.tensor = torch.from_numpy(np.ascontiguousarray(value))
                 self.copy_back = True
-        elif isinstance(value, torch.Tensor):
-            self.tensor = value if value.is_contiguous() else value.contiguous()
-            self.copy_back = self.tensor is not value
         else:
             raise bad_type(name, value, "torch.Tensor or numpy.ndarray", "pass a tensor or array")
         _check_device(self.tensor, name, group)
@@ -95,8 +99,9 @@ def _check_device(tensor: torch.Tensor, name: str, group: ProcessGroup) -> None:
 
 
 def _op(op: object) -> Any:
-    if isinstance(op, ReduceOp):
-        return _TORCH_OPS[op]
+    torch_op = _TORCH_OPS_BY_ID.get(id(op))  # Enum hashing runs Python code; id() does not
+    if torch_op is not None:
+        return torch_op
     if isinstance(op, dist.ReduceOp.RedOpType):
         return op
     raise bad_type("op", op, "tensorplay ReduceOp", "pass e.g. ReduceOp.SUM")
@@ -128,19 +133,21 @@ def _run(
     pg.require_member(what)
     if pg.engine_group is None:  # a fake world: nothing moves
         return Work() if async_op else None
-
-    def finish() -> None:
-        for buffer in buffers:
-            buffer.finish()
-
     try:
         work = call(pg.engine_group)
         if async_op:
-            return Work(_Guarded(work, what, pg), finish)
+            return Work(_Guarded(work, what, pg), lambda: _finish(buffers))
     except RuntimeError as err:
         raise translate(err, what, pg) from err
-    finish()
+    _finish(buffers)
     return None
+
+
+def _finish(buffers: Sequence[_Buffer]) -> None:
+    """Copy results back into the callers' non-contiguous tensors and arrays."""
+    for buffer in buffers:
+        if buffer.copy_back:
+            buffer.finish()
 
 
 class _Guarded:
