@@ -186,8 +186,19 @@ def translate(err: RuntimeError, what: str, group: ProcessGroup) -> Exception:
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``tensor`` across the group; every member gets the result in place."""
     pg = resolve_group(group, "all_reduce()")
-    buf = _Buffer(tensor, "tensor", pg)
     torch_op = _op(op)
+    if type(tensor) is torch.Tensor and not async_op and tensor.is_contiguous():
+        # the hottest call of a training step, on a plain tensor: the same checks, without
+        # the wrapping that numpy arrays, copies and async work need (see bench/mesh_init.py)
+        _check_device(tensor, "tensor", pg)
+        pg.require_member("all_reduce()")
+        if pg.engine_group is not None:
+            try:
+                dist.all_reduce(tensor, op=torch_op, group=pg.engine_group)
+            except RuntimeError as err:
+                raise translate(err, "all_reduce()", pg) from err
+        return None
+    buf = _Buffer(tensor, "tensor", pg)
     return _run("all_reduce()", pg, async_op, [buf], lambda g: dist.all_reduce(
         buf.tensor, op=torch_op, group=g, async_op=async_op))
 

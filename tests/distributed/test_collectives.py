@@ -120,14 +120,20 @@ def numpy_in_place(rank: int):
     flat = np.full(3, rank, dtype=np.int64)
     address = flat.__array_interface__["data"][0]
     dist.all_reduce(flat)
-    return base.tolist(), flat.tolist(), flat.__array_interface__["data"][0] == address
+    torch_base = torch.zeros(4, 2)
+    torch_view = torch_base[:, 1]  # a non-contiguous tensor takes the same copy in and out
+    torch_view.fill_(rank)
+    dist.all_reduce(torch_view)
+    return (base.tolist(), flat.tolist(), flat.__array_interface__["data"][0] == address,
+            torch_base.tolist())
 
 
 def test_numpy_results_land_in_callers_array(world8):
-    for base, flat, same_buffer in world8.run(numpy_in_place):
+    for base, flat, same_buffer, torch_base in world8.run(numpy_in_place):
         assert base == [[28.0, 0.0]] * 4
         assert flat == [28, 28, 28]
         assert same_buffer
+        assert torch_base == [[0.0, 28.0]] * 4
 
 
 def on_mesh_groups(rank: int):
