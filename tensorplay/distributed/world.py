@@ -7,7 +7,6 @@ starts the engine (gloo, nccl, or the in-process "fake" world) and keeps one Wor
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -133,25 +132,23 @@ def init_process_group(
 
 
 HOSTS = "tensorplay/hosts"  # every rank's host name, one per line, posted by rank 0
-HOST_OF = "tensorplay/hosts/{rank}"  # "<pid> <host>", posted by each rank
 ON_HOST = "tensorplay/host/{host}"  # "<rank>:<pid>;..." of one host, posted by rank 0
 
 
 def _exchange_hosts(world: World) -> dict[int, int]:
-    """Post this rank's host and pid; return rank -> pid of the ranks on this host.
+    """Return rank -> pid of the ranks on this host.
 
-    Each rank posts "<pid> <host>"; rank 0 reads them all with one multi_get and posts, with
-    one multi_set, every host's rank:pid list and the list of all host names. Every other
-    rank reads only its own host's list: 2 store operations and O(ranks per host) bytes per
-    rank, O(N) in all. The full list is read later, only where needed (hosts()). Rank 0
-    keeps it, so it can advise on meshes at no cost. Plain text, no pickles; every wait is
-    bounded by the store's timeout.
+    Each rank posted "<pid> <host>" as it joined (the engine's JOINED mark); rank 0 reads them
+    all with one multi_get and posts, with one multi_set, every host's rank:pid list and the
+    list of all host names. Every other rank reads only its own host's list: 1 store
+    operation and O(ranks per host) bytes per rank, O(N) in all. The full list is read later,
+    only where needed (hosts()); rank 0 keeps it, so it can advise on meshes at no cost. Plain
+    text, no pickles; every wait is bounded by the store's timeout.
     """
-    store, here = world.store, _env.hostname()
-    store.set(HOST_OF.format(rank=world.rank), f"{os.getpid()} {here}")
+    store, here, joined = world.store, _env.hostname(), world.engine.JOINED
     if world.rank == 0:
         entries = [v.decode().split(" ", 1) for v in
-                   store.multi_get([HOST_OF.format(rank=r) for r in range(world.size)])]
+                   store.multi_get([f"{joined}{r}" for r in range(world.size)])]
         names = [host for _, host in entries]
         per_host: dict[str, str] = {}
         for rank, (pid, host) in enumerate(entries):

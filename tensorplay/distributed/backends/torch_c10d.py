@@ -7,6 +7,7 @@ and backend, so a group's identity never depends on how many groups were made be
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterable
 from datetime import timedelta
@@ -17,11 +18,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from .. import _env
 from ..errors import BackendError, DistributedTimeoutError
 
 NAME = "torch"
 BACKENDS = ("gloo", "nccl")
-_JOINED = "tensorplay/joined/"
+JOINED = "tensorplay/joined/"  # + rank: "<pid> <host>", posted as each rank joins
+
+
+def _joined_mark() -> str:
+    """What a rank posts as it joins: its pid and host, which the host exchange reads."""
+    return f"{os.getpid()} {_env.hostname()}"
 
 
 def default_backend() -> str:
@@ -47,8 +54,6 @@ def make_tcp_store(
 
     Under torchrun, whose agent already serves the store, every rank is a client.
     """
-    from .. import _env
-
     attempt = _env.agent_store_attempt()
     if attempt is not None:
         client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
@@ -105,14 +110,14 @@ def init_world(
                 step, timeout.total_seconds(), [0],
                 f"Rank 0 serves the store there and never answered ({_first_line(err)}).",
             ) from err
-        store.set(f"{_JOINED}{rank}", "1")
+        store.set(f"{JOINED}{rank}", _joined_mark())
         try:
             dist.init_process_group(
                 backend, store=store, rank=rank, world_size=world_size, timeout=timeout
             )
         except (RuntimeError, dist.DistError) as err:
             raise DistributedTimeoutError(
-                step, timeout.total_seconds(), absent(store, range(world_size), _JOINED),
+                step, timeout.total_seconds(), absent(store, range(world_size), JOINED),
                 f"({_first_line(err)})",
             ) from err
     else:
@@ -124,6 +129,7 @@ def init_world(
             timeout=timeout,
         )
         store = c10d._get_default_store()
+        store.set(f"{JOINED}{rank}", _joined_mark())
     return dist.group.WORLD, store
 
 
