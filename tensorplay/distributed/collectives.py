@@ -185,18 +185,21 @@ def translate(err: RuntimeError, what: str, group: ProcessGroup) -> Exception:
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``tensor`` across the group; every member gets the result in place."""
-    pg = resolve_group(group, "all_reduce()")
-    torch_op = _op(op)
-    if type(tensor) is torch.Tensor and not async_op and tensor.is_contiguous():
-        # the hottest call of a training step, on a plain tensor: the same checks, without
-        # the wrapping that numpy arrays, copies and async work need (see bench/mesh_init.py)
-        _check_device(tensor, "tensor", pg)
-        pg.require_member("all_reduce()")
-        if pg.engine_group is not None:
-            try:
-                dist.all_reduce(tensor, op=torch_op, group=pg.engine_group)
-            except RuntimeError as err:
-                raise translate(err, "all_reduce()", pg) from err
+    pg = group if type(group) is ProcessGroup else resolve_group(group, "all_reduce()")
+    torch_op = _TORCH_OPS_BY_ID.get(id(op)) or _op(op)
+    engine = pg.live_engine_group
+    if (engine is not None and type(tensor) is torch.Tensor and not async_op
+            and tensor.is_contiguous()
+            and (tensor.is_cpu and tensor.dtype in _GLOO_DTYPES if pg.backend == "gloo"
+                 else tensor.is_cuda)):
+        # The hottest call of a training step: a member's plain tensor that its group's
+        # backend can move. Nothing else is checked (there is nothing else to refuse); every
+        # other call takes the path below, whose checks name what is wrong. Each Python step
+        # here costs ~5x its idle time, right after a blocking call (bench/mesh_init.py (c)).
+        try:
+            dist.all_reduce(tensor, op=torch_op, group=engine)
+        except RuntimeError as err:
+            raise translate(err, "all_reduce()", pg) from err
         return None
     buf = _Buffer(tensor, "tensor", pg)
     return _run("all_reduce()", pg, async_op, [buf], lambda g: dist.all_reduce(
