@@ -382,8 +382,6 @@ def _raise_mismatch(world: World, what: str, step: str, n: int, text: str, group
     fields = sorted({key for request in requests for key in request})
     differing = [f for f in fields
                  if len({json.dumps(r.get(f), sort_keys=True) for r in requests}) > 1]
-    if hidden and not differing:
-        differing = fields
     field = differing[0] if differing else "the request"
     by_value: dict[str, list[int]] = {}
     for request, ranks in zip(requests, shown, strict=True):

@@ -175,12 +175,11 @@ def hosts(world: World):
     A fake or 1-rank world is one host: this machine.
     """
     if world.hosts is None:
-        if world.store is not None and world.size > 1:
-            world.hosts = _hosts_from_names(world.store.get(HOSTS).decode().split("\n"))
-        else:
+        if world.store is None or world.size == 1:
             from ._topology import Hosts
 
-            world.hosts = Hosts.blocks(world.size, 1, names=[_env.hostname()])
+            return Hosts.blocks(world.size, 1, names=[_env.hostname()])
+        world.hosts = _hosts_from_names(world.store.get(HOSTS).decode().split("\n"))
     return world.hosts
 
 
