@@ -249,32 +249,34 @@ def killed_in_check_job(rank: int, tmp: str, victim: int, hosts: list[str]) -> d
     return _attempt(lambda: init_device_mesh("cpu", (len(hosts),)))
 
 
+def _survivors_naming(out: list, dead: int) -> dict[int, dict]:
+    """Check that ``dead`` never answered and every other rank raised RankFailedError naming
+    it by rank and pid; return the survivors' results by rank."""
+    assert out[dead] is spawn.NO_ANSWER
+    survivors = {rank: result for rank, result in enumerate(out) if rank != dead}
+    for rank, result in survivors.items():
+        assert "RankFailedError" in result["error"], (rank, result)
+        assert result["ranks"] == [dead], result
+        assert f"rank {dead} (pid" in result["message"] and "died" in result["message"], result
+    return survivors
+
+
 def test_a_death_seen_on_one_host_reaches_the_ranks_of_another(tmp_path):
     """Rank 3 dies on host hB: rank 2 sees it there and its notice wakes ranks 0, 1 on hA."""
     hosts = ["hA", "hA", "hB", "hB"]
     out = spawn.run(killed_in_check_job, N, str(tmp_path), 3, hosts, init=False, timeout=120,
                     expect_errors=True)
-    assert out[3] is spawn.NO_ANSWER
-    for rank in range(3):
-        result = out[rank]
-        assert "RankFailedError" in result["error"], (rank, result)
-        assert result["ranks"] == [3], result
+    for rank, result in _survivors_naming(out, 3).items():
         where = "this host" if rank == 2 else "host hB"
         assert f"died (no longer running on {where})" in result["message"], result
-        assert "rank 3 (pid" in result["message"] and "Fix" in result["message"]
-        assert result["made"] == 0
+        assert "Fix" in result["message"] and result["made"] == 0
         _check_bounded(result, PG_TIMEOUT_S)  # seen by the watch, not by a timeout
 
 
 def test_rank_0_dying_in_the_check_is_named_though_the_store_dies_with_it(tmp_path):
     out = spawn.run(killed_in_check_job, 3, str(tmp_path), 0, ["h"] * 3, init=False,
                     timeout=120, expect_errors=True)
-    assert out[0] is spawn.NO_ANSWER
-    for rank in (1, 2):
-        result = out[rank]
-        assert "RankFailedError" in result["error"], (rank, result)
-        assert result["ranks"] == [0], result
-        assert "rank 0 (pid" in result["message"] and "died" in result["message"], result
+    for result in _survivors_naming(out, 0).values():
         _check_bounded(result, PG_TIMEOUT_S)
 
 
@@ -292,12 +294,8 @@ def killed_in_groups_job(rank: int, tmp: str) -> dict:
 def test_a_rank_killed_while_creating_groups_is_named(tmp_path):
     out = spawn.run(killed_in_groups_job, 3, str(tmp_path), init=False, timeout=120,
                     expect_errors=True)
-    assert out[2] is spawn.NO_ANSWER
-    for rank in range(2):
-        result = out[rank]
-        assert "RankFailedError" in result["error"], (rank, result)
-        assert result["ranks"] == [2], result
-        assert "rank 2 (pid" in result["message"] and "creating the group" in result["message"]
+    for result in _survivors_naming(out, 2).values():
+        assert "creating the group" in result["message"]
         _check_bounded(result)
 
 
