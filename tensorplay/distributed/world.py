@@ -127,7 +127,8 @@ def init_process_group(
         rank, world_size, backend, wait, engine, store, engine_default_group=engine_group
     )
     if store is not None and world_size > 1:
-        _WORLD.host_pids = _exchange_hosts(_WORLD)
+        with named_failures(_WORLD, "init_process_group(): exchanging host names"):
+            _WORLD.host_pids = _exchange_hosts(_WORLD)
     log.debug("joined world: rank %d of %d, backend %s", rank, world_size, backend)
 
 

@@ -244,6 +244,8 @@ def killed_in_check_job(rank: int, tmp: str, victim: int, hosts: list[str]) -> d
 
     os.environ["TENSORPLAY_HOSTNAME"] = hosts[rank]
     _join(rank, tmp, n=len(hosts))
+    _mark(tmp, "joined", rank)  # rank 0 must not die while the others are still joining
+    assert _wait_for(tmp, "joined", range(len(hosts)))
     if rank == victim:
         _consensus._digest = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
     return _attempt(lambda: init_device_mesh("cpu", (len(hosts),)))
