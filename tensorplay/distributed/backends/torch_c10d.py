@@ -24,6 +24,7 @@ from ..errors import BackendError, DistributedTimeoutError
 NAME = "torch"
 BACKENDS = ("gloo", "nccl")
 JOINED = "tensorplay/joined/"  # + rank: "<pid> <host>", posted as each rank joins
+_agent_worlds = 0  # worlds this process has started on torchrun's agent store
 
 
 def _joined_mark() -> str:
@@ -52,12 +53,16 @@ def make_tcp_store(
 ) -> dist.Store:
     """A TCPStore whose server (on rank 0) listens only on ``host``, not on every interface.
 
-    Under torchrun, whose agent already serves the store, every rank is a client.
+    Under torchrun, whose agent already serves the store, every rank is a client. That store
+    outlives a world, so each world this process starts gets its own key prefix: a second
+    world's checks must not read the first one's answers (every rank counts alike, SPMD).
     """
+    global _agent_worlds
     attempt = _env.agent_store_attempt()
     if attempt is not None:
         client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
-        return dist.PrefixStore(f"tensorplay/attempt_{attempt}/", client)
+        _agent_worlds += 1
+        return dist.PrefixStore(f"tensorplay/attempt_{attempt}/world_{_agent_worlds}/", client)
     if rank != 0:
         return dist.TCPStore(host, port, world_size, False, timeout=timeout)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
