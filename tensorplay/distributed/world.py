@@ -246,6 +246,9 @@ def destroy_process_group() -> None:
     for group in world.groups.values():  # meshes may outlive the world; engine groups don't
         group.release()
     world.groups.clear()
+    # drop our references to the engine's objects too, so that rank 0's store server closes
+    # now (meshes may keep the World alive) and a new world can listen on the same port
+    world.engine_default_group = world.store = None
     world.engine.destroy()
 
 

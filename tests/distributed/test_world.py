@@ -99,3 +99,24 @@ def test_groups_of_a_destroyed_world_refuse_work_even_after_a_new_init(fake_worl
     with pytest.raises(dist.NotInitializedError, match="destroyed world"):
         dist.all_reduce(torch.zeros(1), group=old)
     assert dist.new_group([0, 1]) is not old  # the new world made its own
+
+
+def reinit_job(rank: int):
+    from tensorplay.distributed.device_mesh import init_device_mesh
+
+    seen = []
+    for i in range(3):  # three worlds in a row on the same MASTER_PORT
+        dist.init_process_group("gloo", timeout=20)
+        try:
+            init_device_mesh("cpu", (2,), mesh_dim_names=(f"r{rank}" if i == 2 else "x",))
+            seen.append("built")
+        except dist.MeshMismatchError:
+            seen.append("mismatch")
+        dist.destroy_process_group()
+    return seen
+
+
+def test_a_new_world_after_destroy_listens_again_and_checks_afresh():
+    """Rank 0's store closes at destroy; the next world's checks see only its own answers."""
+    assert spawn.run(reinit_job, 2, init=False, timeout=120) == [["built", "built",
+                                                                  "mismatch"]] * 2
