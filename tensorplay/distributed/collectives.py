@@ -146,8 +146,7 @@ def _run(
 def _finish(buffers: Sequence[_Buffer]) -> None:
     """Copy results back into the callers' non-contiguous tensors and arrays."""
     for buffer in buffers:
-        if buffer.copy_back:
-            buffer.finish()
+        buffer.finish()
 
 
 class _Guarded:
@@ -187,7 +186,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``tensor`` across the group; every member gets the result in place."""
     pg = group if type(group) is ProcessGroup else resolve_group(group, "all_reduce()")
     torch_op = _TORCH_OPS_BY_ID.get(id(op)) or _op(op)
-    engine = pg.live_engine_group
+    engine = pg.engine_group  # set only on a member of a live real group (release() clears it)
     if (engine is not None and type(tensor) is torch.Tensor and not async_op
             and tensor.is_contiguous()
             and (tensor.is_cpu and tensor.dtype in _GLOO_DTYPES if pg.backend == "gloo"

@@ -74,9 +74,6 @@ class ProcessGroup:
         found = ranks.index(global_rank)
         self._rank = -1 if found is None else found
         self._global_rank = global_rank
-        # the engine group while this rank is a member of a live group: one attribute for the
-        # collectives' fast path to read (release() clears it)
-        self.live_engine_group = engine_group if self._rank >= 0 else None
 
     def size(self) -> int:
         """Number of ranks in the group."""
@@ -108,7 +105,8 @@ class ProcessGroup:
 
     @property
     def engine_group(self) -> Any:
-        """The engine's own group object (a torch ProcessGroup), None in a fake world."""
+        """The engine's own group object (a torch ProcessGroup); None in a fake world, on a
+        non-member, and once the world is destroyed."""
         return self._engine_group
 
     @property
@@ -128,7 +126,6 @@ class ProcessGroup:
         """Let go of the engine group (its world was destroyed); later use raises."""
         self._engine_group = None
         self._released = True
-        self.live_engine_group = None
 
     def require_member(self, what: str) -> None:
         """Raise unless this rank is in the group and the group's world is still alive."""
