@@ -112,11 +112,33 @@ def reinit_job(rank: int):
             seen.append("built")
         except dist.MeshMismatchError:
             seen.append("mismatch")
+        if rank == 0 and i == 0:
+            time.sleep(2)  # rank 1 re-inits while rank 0's old store still listens
         dist.destroy_process_group()
     return seen
 
 
 def test_a_new_world_after_destroy_listens_again_and_checks_afresh():
-    """Rank 0's store closes at destroy; the next world's checks see only its own answers."""
+    """Rank 0's store closes at destroy; rank 1, connected early to the old one, moves to the
+    new one, and the next world's checks see only its own answers."""
     assert spawn.run(reinit_job, 2, init=False, timeout=120) == [["built", "built",
                                                                   "mismatch"]] * 2
+
+
+def miscounted_job(rank: int) -> str:
+    from tensorplay.distributed.backends import torch_c10d
+
+    if rank == 1:
+        torch_c10d._worlds_started += 1  # as if rank 1 alone had started a world before
+    try:
+        dist.init_process_group("gloo", timeout=3)
+    except dist.DistributedTimeoutError as err:
+        return str(err)
+    return "joined"
+
+
+def test_a_rank_that_counted_worlds_differently_is_told_so_not_hung():
+    zero, one = spawn.run(miscounted_job, 2, init=False, timeout=60)
+    assert "rank 1 had not arrived" in zero
+    assert "never opened world 'tensorplay/world_2/'" in one
+    assert "same number of times" in one

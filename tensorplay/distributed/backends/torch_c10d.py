@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
@@ -24,7 +25,8 @@ from ..errors import BackendError, DistributedTimeoutError
 NAME = "torch"
 BACKENDS = ("gloo", "nccl")
 JOINED = "tensorplay/joined/"  # + rank: "<pid> <host>", posted as each rank joins
-_agent_worlds = 0  # worlds this process has started on torchrun's agent store
+OPENED = "tensorplay/opened"  # set by rank 0 in its world's namespace once it serves it
+_worlds_started = 0  # worlds this process has started: the k of their key prefix
 
 
 def _joined_mark() -> str:
@@ -51,20 +53,30 @@ def check_available(backend: str) -> None:
 def make_tcp_store(
     host: str, port: int, *, rank: int, world_size: int, timeout: timedelta
 ) -> dist.Store:
-    """A TCPStore whose server (on rank 0) listens only on ``host``, not on every interface.
+    """The store of this process's next world, its keys under ``tensorplay/world_<k>/``.
 
-    Under torchrun, whose agent already serves the store, every rank is a client. That store
-    outlives a world, so each world this process starts gets its own key prefix: a second
-    world's checks must not read the first one's answers (every rank counts alike, SPMD).
+    Rank 0 serves it, listening only on ``host``; under torchrun the agent serves it and
+    every rank is a client. Either way a store can outlive a world (torchrun's agent; rank
+    0's old server, still up while a fast rank re-inits), so each world this process starts
+    gets its own prefix and reads none of an older world's keys (every rank counts alike,
+    SPMD). A client waits for rank 0 to open its world there, so it never joins an old one.
     """
-    global _agent_worlds
+    global _worlds_started
+    _worlds_started += 1
+    prefix = f"tensorplay/world_{_worlds_started}/"
     attempt = _env.agent_store_attempt()
     if attempt is not None:
         client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
-        _agent_worlds += 1
-        return dist.PrefixStore(f"tensorplay/attempt_{attempt}/world_{_agent_worlds}/", client)
+        return dist.PrefixStore(f"tensorplay/attempt_{attempt}/{prefix}", client)
     if rank != 0:
-        return dist.TCPStore(host, port, world_size, False, timeout=timeout)
+        return _join_opened_world(host, port, world_size, timeout, prefix)
+    store = dist.PrefixStore(prefix, _serve(host, port, world_size, timeout))
+    store.set(OPENED, "1")
+    return store
+
+
+def _serve(host: str, port: int, world_size: int, timeout: timedelta) -> dist.Store:
+    """Rank 0's TCPStore server, bound to ``host`` alone."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -77,7 +89,7 @@ def make_tcp_store(
             f"MASTER_ADDR to an address of rank 0's machine and MASTER_PORT to a free port."
         ) from err
     listener.listen(max(128, world_size))
-    store = dist.TCPStore(
+    return dist.TCPStore(
         host,
         port,
         world_size,
@@ -86,7 +98,41 @@ def make_tcp_store(
         wait_for_workers=False,
         master_listen_fd=listener.detach(),
     )
-    return store
+
+
+def _join_opened_world(
+    host: str, port: int, world_size: int, timeout: timedelta, prefix: str
+) -> dist.Store:
+    """A client of rank 0's store once rank 0 has opened world ``prefix`` there.
+
+    Connected to rank 0's previous server (still up while rank 0 leaves its last world), the
+    wait ends when that server closes; then connect again, to the new one.
+    """
+    deadline = time.monotonic() + timeout.total_seconds()
+    answered = False
+    while True:
+        left = timedelta(seconds=max(deadline - time.monotonic(), 0.001))
+        try:
+            client = dist.TCPStore(host, port, world_size, False, timeout=left)
+        except dist.DistError:
+            if not answered:
+                raise
+            break
+        answered = True
+        store = dist.PrefixStore(prefix, client)
+        try:
+            store.wait([OPENED], left)
+            return store
+        except dist.DistNetworkError:  # that server closed: rank 0 may be starting a new one
+            if time.monotonic() < deadline:
+                continue
+        except dist.DistStoreError:  # timed out
+            pass
+        break
+    raise dist.DistStoreError(
+        f"it answered but never opened world {prefix!r}, this process's world number "
+        f"{_worlds_started}; every rank must call init_process_group the same number of times"
+    )
 
 
 def init_world(
@@ -113,7 +159,7 @@ def init_world(
         except (RuntimeError, dist.DistError) as err:
             raise DistributedTimeoutError(
                 step, timeout.total_seconds(), [0],
-                f"Rank 0 serves the store there and never answered ({_first_line(err)}).",
+                f"Rank 0 serves the store there ({_first_line(err)}).",
             ) from err
         store.set(f"{JOINED}{rank}", _joined_mark())
         try:
