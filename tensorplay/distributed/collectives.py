@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .backends.torch_c10d import absent
+from .backends.torch_c10d import COALESCING, absent, allreduce_options
 from .errors import (
     BackendError,
     DistributedTimeoutError,
@@ -34,6 +34,8 @@ _TORCH_OPS = {
 }
 # keyed by id(): Enum hashing runs Python code, and the members are singletons
 _TORCH_OPS_BY_ID = {id(ours): theirs for ours, theirs in _TORCH_OPS.items()}
+_ALLREDUCE_OPTS_BY_ID = {id(ours): allreduce_options(theirs) for ours, theirs in _TORCH_OPS.items()}
+_has_torch_function = torch._C._has_torch_function_unary
 # torch 2.13 renamed the tensor forms; older releases only have the old names.
 _GATHER_INTO = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _SCATTER_FROM = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -185,21 +187,25 @@ def translate(err: RuntimeError, what: str, group: ProcessGroup) -> Exception:
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``tensor`` across the group; every member gets the result in place."""
     pg = group if type(group) is ProcessGroup else resolve_group(group, "all_reduce()")
-    torch_op = _TORCH_OPS_BY_ID.get(id(op)) or _op(op)
     engine = pg.engine_group  # set only on a member of a live real group (release() clears it)
-    if (engine is not None and type(tensor) is torch.Tensor and not async_op
-            and tensor.is_contiguous()
+    opts = _ALLREDUCE_OPTS_BY_ID.get(id(op))
+    if (engine is not None and opts is not None and type(tensor) is torch.Tensor
+            and not async_op and tensor.is_contiguous()
             and (tensor.is_cpu and tensor.dtype in _GLOO_DTYPES if pg.backend == "gloo"
-                 else tensor.is_cuda)):
+                 else tensor.is_cuda and not tensor.is_complex())
+            and not _has_torch_function(tensor) and not COALESCING):
         # The hottest call of a training step: a member's plain tensor that its group's
-        # backend can move. Nothing else is checked (there is nothing else to refuse); every
-        # other call takes the path below, whose checks name what is wrong. Each Python step
-        # here costs ~5x its idle time, right after a blocking call (bench/mesh_init.py (c)).
+        # backend can move, with one of our ops. It goes to the c10d group itself, as
+        # torch.distributed.all_reduce would after its own checks, which this one makes.
+        # Every other call takes the path below, whose checks name what is wrong. Each
+        # Python step here costs ~5x its idle time, right after a blocking call
+        # (bench/mesh_init.py table (c)).
         try:
-            dist.all_reduce(tensor, op=torch_op, group=engine)
+            engine.allreduce([tensor], opts).wait()
         except RuntimeError as err:
             raise translate(err, "all_reduce()", pg) from err
         return None
+    torch_op = _op(op)
     buf = _Buffer(tensor, "tensor", pg)
     return _run("all_reduce()", pg, async_op, [buf], lambda g: dist.all_reduce(
         buf.tensor, op=torch_op, group=g, async_op=async_op))

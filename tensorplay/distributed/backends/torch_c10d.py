@@ -221,6 +221,19 @@ def destroy() -> None:
         dist.destroy_process_group()
 
 
+# Groups inside torch's coalescing manager: a call there must be queued by torch's wrapper.
+COALESCING: dict = c10d._world.pg_coalesce_state
+
+
+def allreduce_options(op: Any) -> Any:
+    """c10d's options for a blocking all_reduce with ``op``, made once and reused per call."""
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = op
+    if hasattr(opts, "asyncOp"):  # torch >= 2.8 tells the engine the caller will wait
+        opts.asyncOp = False
+    return opts
+
+
 def is_engine_group(obj: object) -> bool:
     """True for a c10d ProcessGroup object."""
     return isinstance(obj, dist.ProcessGroup)
