@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import _arrivals
 from .backends.torch_c10d import COALESCING, absent, allreduce_options
 from .errors import (
     BackendError,
@@ -326,8 +327,8 @@ def recv(tensor, src, group=None):
 def barrier(group=None, async_op=False):
     """Wait until every member of ``group`` has reached this call.
 
-    A blocking barrier marks this rank's arrival in the store first, so one that times out
-    names the members that never came.
+    A blocking barrier that times out names the members that never came: a member whose wait
+    lasts posts its arrival in the store (``_arrivals``; a quick barrier writes nothing).
     """
     pg = resolve_group(group, "barrier()")
     world = current_world("barrier()")
@@ -335,15 +336,19 @@ def barrier(group=None, async_op=False):
         return _run("barrier()", pg, async_op, [],
                     lambda g: dist.barrier(group=g, async_op=async_op))
     pg.barriers += 1
-    arrived = f"tensorplay/barrier/{pg.name}/{pg.barriers}/"
-    world.store.set(f"{arrived}{world.rank}", "1")
+    prefix = f"tensorplay/barrier/{pg.name}/{pg.barriers}/"
+    mark = f"{prefix}{world.rank}"
+    _arrivals.begin(world.store, mark)
     try:
         return _run("barrier()", pg, False, [], lambda g: dist.barrier(group=g))
     except DistributedTimeoutError as err:
+        _arrivals.settle(world.store, mark)
         raise DistributedTimeoutError(
             f"barrier() #{pg.barriers} on group {pg.name}", err.timeout_s,
-            absent(world.store, pg.ranks, arrived),
+            absent(world.store, pg.ranks, prefix),
         ) from err
+    finally:
+        _arrivals.end()
 
 
 def _buffer_list(values, name: str, group: ProcessGroup, count: int) -> list[_Buffer]:

@@ -128,6 +128,30 @@ def numpy_in_place(rank: int):
             torch_base.tolist())
 
 
+def under_a_torch_function_mode(rank: int):
+    import torch.distributed as torch_dist
+    from torch.overrides import TorchFunctionMode
+
+    class Seen(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.full((2,), float(rank))
+    with Seen() as mode:
+        dist.all_reduce(x)
+    return x.tolist(), torch_dist.all_reduce.__name__ in mode.calls
+
+
+def test_all_reduce_under_a_torch_function_mode_goes_through_torch(world8):
+    """The short path skips torch's wrapper only when no torch-function override is active."""
+    assert world8.run(under_a_torch_function_mode) == [([28.0, 28.0], True)] * 8
+
+
 def test_numpy_results_land_in_callers_array(world8):
     for base, flat, same_buffer, torch_base in world8.run(numpy_in_place):
         assert base == [[28.0, 0.0]] * 4

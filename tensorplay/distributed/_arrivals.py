@@ -1,0 +1,72 @@
+"""Arrival marks of blocking barriers, posted only when the wait lasts.
+
+A barrier that times out names the members that never came: those with no mark in the store.
+Posting the mark at every call would cost each rank a round trip to rank 0's store per barrier
+(a world barrier of 100,000 ranks: 100,000 writes to one server, and keys never read). Instead
+one daemon thread per process posts the mark of a wait that has lasted MARK_AFTER_S; a barrier
+that ends sooner writes nothing. A rank whose barrier timed out posts its own mark and waits
+SETTLE_S, so that every rank that came before its deadline has posted, then reads who is
+missing. The store's client serialises its operations, so the thread may share it.
+"""
+
+from __future__ import annotations
+
+import _thread
+import contextlib
+import os
+import time
+from typing import Any
+
+MARK_AFTER_S = 0.2
+POLL_S = 0.1
+SETTLE_S = MARK_AFTER_S + 4 * POLL_S
+
+_waiting: tuple[Any, str, float] | None = None  # (store, key, since) of this process's wait
+_watching = False
+
+
+def begin(store: Any, key: str) -> None:
+    """This process starts a blocking wait whose arrival mark is ``key``."""
+    global _waiting, _watching
+    _waiting = (store, key, time.monotonic())
+    if not _watching:
+        _watching = True
+        # not threading.Thread: its start() waits until the new thread has been scheduled
+        _thread.start_new_thread(_watch, ())
+
+
+def end() -> None:
+    """The wait begun last is over (passed or failed)."""
+    global _waiting
+    _waiting = None
+
+
+def settle(store: Any, key: str) -> None:
+    """After a timeout: post our own mark, then give late waiters time to post theirs."""
+    end()
+    try:
+        store.set(key, "1")
+    except Exception:  # noqa: BLE001 - the store is gone: nobody can be named (absent() says)
+        return
+    time.sleep(SETTLE_S)
+
+
+def _watch() -> None:
+    posted = None  # (key, since) of the last mark posted; never the store, which must close
+    while True:
+        time.sleep(POLL_S)
+        waiting = _waiting
+        if (waiting is not None and waiting[1:] != posted
+                and time.monotonic() - waiting[2] >= MARK_AFTER_S):
+            posted = waiting[1:]
+            with contextlib.suppress(Exception):  # the store is gone; the wait will say so
+                waiting[0].set(waiting[1], "1")
+        del waiting
+
+
+def _forked() -> None:
+    global _waiting, _watching
+    _waiting, _watching = None, False  # the thread did not survive the fork
+
+
+os.register_at_fork(after_in_child=_forked)
