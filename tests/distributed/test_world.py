@@ -142,3 +142,33 @@ def test_a_rank_that_counted_worlds_differently_is_told_so_not_hung():
     assert "rank 1 had not arrived" in zero
     assert "never opened world 'tensorplay/world_2/'" in one
     assert "same number of times" in one
+
+
+def test_a_client_waits_for_rank_0_to_listen_then_returns():
+    """Ranks that start before rank 0 listens probe the port instead of backing off."""
+    import socket
+    import threading
+
+    from tensorplay.distributed.backends import torch_c10d
+
+    port = spawn.free_port()
+    listening = threading.Event()
+
+    def listen_later():
+        time.sleep(0.3)
+        server = socket.create_server(("127.0.0.1", port))
+        listening.set()
+        time.sleep(3)
+        server.close()
+
+    threading.Thread(target=listen_later, daemon=True).start()
+    torch_c10d._await_listener("127.0.0.1", port, time.monotonic() + 20)
+    assert listening.is_set()
+
+
+def test_with_nobody_listening_the_probe_gives_up_at_its_deadline():
+    from tensorplay.distributed.backends import torch_c10d
+
+    start = time.monotonic()
+    torch_c10d._await_listener("127.0.0.1", spawn.free_port(), start + 0.5)
+    assert 0.5 <= time.monotonic() - start < 10

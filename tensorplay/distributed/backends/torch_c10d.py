@@ -8,6 +8,7 @@ and backend, so a group's identity never depends on how many groups were made be
 from __future__ import annotations
 
 import os
+import random
 import socket
 import time
 from collections.abc import Iterable
@@ -111,6 +112,7 @@ def _join_opened_world(
     deadline = time.monotonic() + timeout.total_seconds()
     answered = False
     while True:
+        _await_listener(host, port, deadline)
         left = timedelta(seconds=max(deadline - time.monotonic(), 0.001))
         try:
             client = dist.TCPStore(host, port, world_size, False, timeout=left)
@@ -133,6 +135,26 @@ def _join_opened_world(
         f"it answered but never opened world {prefix!r}, this process's world number "
         f"{_worlds_started}; every rank must call init_process_group the same number of times"
     )
+
+
+def _await_listener(host: str, port: int, deadline: float) -> None:
+    """Return once ``host:port`` accepts connections, or at ``deadline``.
+
+    A TCPStore client refused by a server that is not listening yet backs off for 0.25-1 s,
+    which would be most of a job's start when every rank starts at once; probing with short,
+    growing pauses (2 ms to 250 ms, jittered) meets rank 0's server within milliseconds.
+    """
+    pause = 0.002
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=min(max(left, 0.05), 1.0)):
+                return
+        except OSError:
+            if left <= 0:
+                return  # the TCPStore client says what went wrong
+            time.sleep(min(pause * (0.5 + random.random()), max(left, 0.0)))
+            pause = min(pause * 2, 0.25)
 
 
 def init_world(
