@@ -42,8 +42,8 @@
 
 Verdicts. Set-up, from (a2): ok when the paired ours/torch is <= 1 (no slower); MISSED when it
 is above 1 by more than the A/A control moves; else not resolved. The per-round comparison of
-the process sets of (a) is printed beside it. Collectives: ok when every paired ours/direct is <= 1.05; MISSED when one is above
-and every row's A/A control is within 5%; else not resolved.
+the process sets of (a) is printed beside it. Collectives: ok when every paired ours/direct is
+<= 1.05; MISSED when one is above and every row's A/A control is within 5%; else not resolved.
 
 Processes are started by the project's tests/spawn.py (``run(fn, n, init=False)``): spawn
 start method, a deadline on every wait, every child killed on the way out; reusing it keeps one

@@ -244,7 +244,7 @@ def destroy() -> None:
 
 
 # Groups inside torch's coalescing manager: a call there must be queued by torch's wrapper.
-COALESCING: dict = c10d._world.pg_coalesce_state
+COALESCING: dict = getattr(c10d._world, "pg_coalesce_state", {})
 
 
 def allreduce_options(op: Any) -> Any:
