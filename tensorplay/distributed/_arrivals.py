@@ -20,6 +20,7 @@ from typing import Any
 MARK_AFTER_S = 0.2
 POLL_S = 0.1
 SETTLE_S = MARK_AFTER_S + 4 * POLL_S
+LEAF = 16  # unset(): a part this small is checked key by key
 
 _waiting: tuple[Any, str, float] | None = None  # (store, key, since) of this process's wait
 _watching = False
@@ -49,6 +50,25 @@ def settle(store: Any, key: str) -> None:
     except Exception:  # noqa: BLE001 - the store is gone: nobody can be named (absent() says)
         return
     time.sleep(SETTLE_S)
+
+
+def unset(store: Any, keys: list[str]) -> list[int]:
+    """Indices of ``keys`` that are not set in ``store`` (store errors propagate).
+
+    Halves the list while one of its keys is missing, so k unset keys of N cost about
+    2k*log2(N/LEAF) checks of many keys each plus LEAF single ones per unset key, not N
+    round trips: naming one absent rank of 100,000 takes tens of round trips.
+    """
+    found: list[int] = []
+    parts = [(0, len(keys))]
+    while parts:
+        lo, hi = parts.pop()
+        if hi - lo <= LEAF:
+            found += [i for i in range(lo, hi) if not store.check([keys[i]])]
+        elif not store.check(keys[lo:hi]):
+            mid = (lo + hi) // 2
+            parts += [(mid, hi), (lo, mid)]
+    return found
 
 
 def _watch() -> None:

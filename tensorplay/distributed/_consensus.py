@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
-from . import _env
+from . import _arrivals, _env
 from .errors import (
     DistributedError,
     DistributedTimeoutError,
@@ -290,8 +290,7 @@ def _store(world: World, step: str, call: Callable[[], Any]) -> Any:
 def _missing(world: World, step: str, n: int) -> list[int]:
     """Ranks that have not posted their digest at check #n."""
     keys = [ARRIVE.format(n=n, rank=r) for r in range(world.size)]
-    return _store(world, step,
-                  lambda: [r for r, key in enumerate(keys) if not world.store.check([key])])
+    return _store(world, step, lambda: _arrivals.unset(world.store, keys))
 
 
 def _mark_gave_up(world: World, n: int, missing: list[int]) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 
 import torch.distributed as torch_dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tensorplay.distributed import _arrivals
 
@@ -43,3 +45,32 @@ def test_settle_posts_our_own_mark_at_once_and_waits_for_late_ones():
     _arrivals.settle(store, "mine")
     assert store.check(["mine"]) and time.monotonic() - start >= _arrivals.SETTLE_S
     assert _arrivals._waiting is None
+
+
+class _CountingStore:
+    """A store that holds ``present`` keys and counts the round trips made to it."""
+
+    def __init__(self, present):
+        self.present, self.calls = set(present), 0
+
+    def check(self, keys):
+        self.calls += 1
+        return all(k in self.present for k in keys)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 300).flatmap(
+    lambda n: st.tuples(st.just(n), st.sets(st.integers(0, max(n - 1, 0)), max_size=n))))
+def test_unset_finds_exactly_the_keys_nobody_set(case):
+    n, missing = case
+    missing = {i for i in missing if i < n}
+    keys = [f"k/{i}" for i in range(n)]
+    store = _CountingStore(k for i, k in enumerate(keys) if i not in missing)
+    assert _arrivals.unset(store, keys) == sorted(missing)
+
+
+def test_naming_one_absent_rank_of_100000_takes_few_round_trips():
+    keys = [f"k/{i}" for i in range(100_000)]
+    store = _CountingStore(keys[:61_234] + keys[61_235:])
+    assert _arrivals.unset(store, keys) == [61_234]
+    assert store.calls < 100  # one check per key would be 100,000

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from .. import _env
+from .. import _arrivals, _env
 from ..errors import BackendError, DistributedTimeoutError
 
 NAME = "torch"
@@ -208,8 +208,9 @@ def init_world(
 
 def absent(store: Any, ranks: Iterable[int], prefix: str) -> list[int] | None:
     """Those of ``ranks`` that never set ``prefix + rank`` in the store; None if it is gone."""
+    ranks = list(ranks)
     try:
-        return [r for r in ranks if not store.check([f"{prefix}{r}"])]
+        return [ranks[i] for i in _arrivals.unset(store, [f"{prefix}{r}" for r in ranks])]
     except (RuntimeError, dist.DistError):  # rank 0, which serves the store, has left
         return None
 
