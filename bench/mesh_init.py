@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
+import operator
 import os
 import shutil
 import statistics
@@ -315,6 +316,11 @@ def pair_calls(rank: int, rounds: int) -> dict:
     return times
 
 
+def paired(xs: list[float], ys: list[float], op=operator.truediv) -> float:
+    """Median over samples of op(x, y) taken within each sample: drift between samples cancels."""
+    return statistics.median(op(x, y) for x, y in zip(xs, ys, strict=True))
+
+
 def fmt_size(nbytes: int) -> str:
     return f"{nbytes} B" if nbytes < 1024 else f"{nbytes >> 20} MiB"
 
@@ -396,10 +402,8 @@ def main() -> None:
     by_kind: dict[str, list[float]] = {kind: [] for kind in SETUP_KINDS}
     for kind, times in zip(kinds[len(SETUP_KINDS):], mixed, strict=True):
         by_kind[kind].append(times[-1])
-    pair_ratio = statistics.median(
-        a / b for a, b in zip(by_kind["ours"], by_kind["torch"], strict=True))
-    pair_control = statistics.median(
-        a / b for a, b in zip(by_kind["torch2"], by_kind["torch"], strict=True))
+    pair_ratio = paired(by_kind["ours"], by_kind["torch"])
+    pair_control = paired(by_kind["torch2"], by_kind["torch"])
     print(f"\n### (a2) Set-up, interleaved: ours, PyTorch and PyTorch again in turn, in the same "
           f"{WORLD} processes\n")
     print("| ours | PyTorch | PyTorch again | ours/PyTorch (paired) | "
@@ -429,12 +433,9 @@ def main() -> None:
                 for kind in NOISE_KINDS
             }
             o, d, d2 = (statistics.median(per_iter[k]) for k in NOISE_KINDS)
-            delta = statistics.median(a - b for a, b in zip(per_iter["ours"], per_iter["direct"],
-                                                            strict=True))
-            ratio = statistics.median(a / b for a, b in zip(per_iter["ours"], per_iter["direct"],
-                                                            strict=True))
-            control = statistics.median(a / b for a, b in zip(
-                per_iter["direct2"], per_iter["direct"], strict=True))
+            delta = paired(per_iter["ours"], per_iter["direct"], operator.sub)
+            ratio = paired(per_iter["ours"], per_iter["direct"])
+            control = paired(per_iter["direct2"], per_iter["direct"])
             worst, noise = max(worst, ratio), max(noise, abs(control - 1))
             sign = "+" if delta >= 0 else "-"
             print(f"| {dim} ({size}) | {fmt_size(nbytes)} | {fmt_time(o)} | {fmt_time(d)} | "
