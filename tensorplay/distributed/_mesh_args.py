@@ -10,10 +10,10 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 
-from .errors import ArgumentTypeError, bad_argument, bad_type
+from .backends import BACKENDS, engine_name
+from .errors import ArgumentTypeError, UnknownDimError, bad_argument, bad_type
 
 DEVICE_TYPES = ("cpu", "cuda")
-BACKENDS = ("gloo", "nccl", "fake")
 
 
 def device_type(value: object) -> str:
@@ -148,6 +148,7 @@ def mesh_dim(value: object, names: tuple[str, ...] | None, ndim: int, arg: str =
             raise bad_argument(
                 arg, value, "is not a dim name of this mesh",
                 f"use one of {names}" if names else "this mesh has no names; pass an index",
+                kind=UnknownDimError,
             )
         return names.index(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -196,11 +197,11 @@ def backend_override(
         dim = mesh_dim(key, names, ndim, "backend_override")
         if backend is None:
             continue
-        if not isinstance(backend, str) or backend.lower() not in BACKENDS:
+        if not isinstance(backend, str) or engine_name(backend.lower()) is None:
             raise bad_argument("backend_override", value, f"unknown backend {backend!r}",
                                f"use one of {BACKENDS}")
         backend = backend.lower()
-        if (backend == "fake") != (world_backend == "fake"):
+        if engine_name(backend) != engine_name(world_backend):
             raise bad_argument("backend_override", value,
                                f"{backend!r} cannot run in a {world_backend!r} world",
                                f"use {world_backend!r}")

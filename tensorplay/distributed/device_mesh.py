@@ -13,11 +13,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _mesh_args as args
-from ._consensus import agree, named_failures
-from ._mesh_spec import MeshSpec, Ranks
-from .errors import ArgumentError, NotAMemberError, bad_argument
-from .process_group import ProcessGroup, World
-from .world import current_world, hosts
+from ._consensus import agree
+from ._failures import named_failures
+from ._mesh_spec import MeshSpec
+from .errors import (
+    ArgumentError,
+    NotAMemberError,
+    NotInitializedError,
+    UnknownDimError,
+    bad_argument,
+)
+from .process_group import ProcessGroup
+from .world import World, current_world
 
 log = logging.getLogger("tensorplay.distributed")
 
@@ -31,7 +38,13 @@ class DeviceMesh:
     of 8; any rectangular array of distinct world ranks works, a subset of the world included.
     Every rank of the world makes the same call (SPMD); ranks outside the mesh get a mesh whose
     get_coordinate() is None.
+
+    A mesh is a frozen value: (world, device type, spec, root spec, per-dim backends, this
+    rank's groups), set once and never changed; equal meshes (same device type, ranks, names,
+    root and backends) compare and hash equal.
     """
+
+    __slots__ = ("_world", "_device_type", "_spec", "_root", "_backends", "_groups")
 
     def __init__(
         self,
@@ -52,23 +65,29 @@ class DeviceMesh:
             "device_type": device, "mesh": ranks, "shape": shape, "mesh_dim_names": names,
             "backend_override": backends,
         })
-        if device == "cuda":
-            _setup_cuda(world)
-        self._init(world, device, spec, spec, backends, _make_groups(world, spec, backends))
+        world.engine.use_device(device)
+        self._set(world, device, spec, spec, backends, _make_groups(world, spec, backends))
 
-    def _init(self, world, device, spec, root, backends, groups) -> None:
-        self._world: World = world
-        self._device_type: str = device
-        self._spec: MeshSpec = spec
-        self._root: MeshSpec = root
-        self._backends: tuple[str, ...] = backends
-        self._groups: tuple[ProcessGroup, ...] | None = groups
+    def _set(self, world: World, device: str, spec: MeshSpec, root: MeshSpec,
+             backends: tuple[str, ...], groups: tuple[ProcessGroup, ...]) -> None:
+        """Fill the fields, once: ``groups`` holds this rank's group per dim, () outside."""
+        for name, value in zip(self.__slots__, (world, device, spec, root, backends, groups),
+                               strict=True):
+            object.__setattr__(self, name, value)
 
     @classmethod
-    def _make(cls, world, device, spec, root, backends, groups) -> DeviceMesh:
-        mesh = cls.__new__(cls)
-        mesh._init(world, device, spec, root, backends, groups)
+    def _make(cls, world: World, device: str, spec: MeshSpec, root: MeshSpec,
+              backends: tuple[str, ...], groups: tuple[ProcessGroup, ...]) -> DeviceMesh:
+        mesh = object.__new__(cls)
+        mesh._set(world, device, spec, root, backends, groups)
         return mesh
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"DeviceMesh is immutable: cannot set {name!r}; slicing, "
+                             "flatten and unflatten return new meshes")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"DeviceMesh is immutable: cannot delete {name!r}")
 
     # -- what the mesh is -------------------------------------------------------------------
     @property
@@ -79,9 +98,7 @@ class DeviceMesh:
     @property
     def mesh(self):
         """The rank array as an int64 torch tensor (built on demand: O(size))."""
-        import torch
-
-        return torch.from_numpy(self._spec.array())
+        return self._world.engine.rank_array(self._spec.array())
 
     @property
     def ndim(self) -> int:
@@ -148,7 +165,7 @@ class DeviceMesh:
         fake world is one host (this machine's name).
         """
         self._alive("host_of()")
-        return hosts(self._world)
+        return self._world.hosts()
 
     def describe(self, rank: int | None = None, host_of=None) -> str:
         """A text report: shape, rank grid, groups per dim and how many cross hosts, and the
@@ -240,7 +257,9 @@ class DeviceMesh:
             world.register_flatten(self._root_key(), name, self.mesh_dim_names)
         return DeviceMesh._make(world, self._device_type, spec, self._root, backends, groups)
 
-    _flatten = flatten  # PyTorch's spelling
+    def _flatten(self, mesh_dim_name: str | None = None) -> DeviceMesh:
+        """PyTorch's spelling of flatten()."""
+        return self.flatten(mesh_dim_name)
 
     def unflatten(
         self, dim: int | str, sizes: Sequence[int], names: Sequence[str] | None = None
@@ -312,12 +331,12 @@ class DeviceMesh:
                         "pass the groups in dim order, each matching the mesh",
                     )
         backends = tuple(g.backend for g in ours)
-        held = tuple(ours) if spec.coordinate_of(world.rank) is not None else None
+        held = tuple(ours) if spec.coordinate_of(world.rank) is not None else ()
         return cls._make(world, device, spec, spec, backends, held)
 
     # -- value semantics ---------------------------------------------------------------------
     def _key(self) -> tuple:
-        return (self._device_type, self._spec)
+        return (self._device_type, self._spec, self._root, self._backends)
 
     def _root_key(self) -> tuple:
         return (self._device_type, self._root)
@@ -346,9 +365,8 @@ class DeviceMesh:
     # -- helpers ---------------------------------------------------------------------------------
     def _alive(self, what: str) -> None:
         if not self._world.alive:
-            current_world(what)  # raises NotInitializedError
-            raise ArgumentError(f"{what}: this mesh belongs to a destroyed world. Fix: build "
-                                "a new mesh after init_process_group().")
+            raise NotInitializedError(f"{what}: this mesh belongs to a destroyed world. Fix: "
+                                      "build a new mesh after init_process_group().")
 
     def _dim(self, mesh_dim: int | str) -> int:
         return args.mesh_dim(mesh_dim, self.mesh_dim_names, self.ndim)
@@ -368,7 +386,7 @@ class DeviceMesh:
     def _my_coordinate(self, what: str) -> tuple[int, ...]:
         self._alive(what)
         coord = self._spec.coordinate_of(self._world.rank)
-        if coord is None or self._groups is None:
+        if coord is None or not self._groups:
             raise NotAMemberError(
                 f"{what}: rank {self._world.rank} is not in this mesh. Fix: call it only on "
                 f"ranks for which get_coordinate() is not None."
@@ -400,44 +418,41 @@ class DeviceMesh:
         raise bad_argument("mesh[...]", name, "is not a dim name of this mesh",
                            f"use one of {tuple(known)}" if known else
                            "this mesh has no dim names; build it with mesh_dim_names=... "
-                           "to slice it")
+                           "to slice it", kind=UnknownDimError)
 
 
 def _default(world: World, device: str) -> str:
-    """A mesh's default backend: the world's, but gloo for a 'cpu' mesh on an nccl world."""
-    return "gloo" if device == "cpu" and world.backend == "nccl" else world.backend
+    """A mesh's default backend: the world's, or what its engine runs ``device`` on (gloo
+    for a 'cpu' mesh on an nccl world)."""
+    return world.engine.backend_for_device(device, world.backend)
 
 
-def _make_groups(world: World, spec: MeshSpec, backends: Sequence[str]):
-    """This rank's group along each dim, in dim order; None when the mesh does not hold it."""
+def _make_groups(world: World, spec: MeshSpec, backends: Sequence[str]
+                 ) -> tuple[ProcessGroup, ...]:
+    """This rank's group along each dim, in dim order; () when the mesh does not hold it.
+
+    A group's errors name it by its dim: "the 'dp' group [1, 5]".
+    """
     if spec.coordinate_of(world.rank) is None:
-        return None
+        return ()
     groups = []
     for d in range(spec.ndim):
         name = spec.names[d] if spec.names else str(d)
         line = spec.line(world.rank, d)
         # repr(line) costs O(1) (a long group shows as its ends and size): this runs per dim
         with named_failures(world, f"creating the group of mesh dim {name!r} ({line!r})"):
-            groups.append(world.group(line, backends[d], f"mesh dim {name}"))
+            groups.append(world.group(line, backends[d], repr(name)))
     return tuple(groups)
 
 
 def _as_our_group(world: World, group: Any, index: int) -> ProcessGroup:
     if isinstance(group, ProcessGroup):
         return group
-    if world.engine.is_engine_group(group):
-        import torch.distributed as dist
-
-        ranks = Ranks.of(dist.get_process_group_ranks(group))
-        found = world.find_group(ranks, dist.get_backend(group))
-        if found is not None:
-            return found
-        wrapped = ProcessGroup(ranks, world.rank, dist.get_backend(group), f"wrapped-{index}",
-                               group)
-        world.groups[(ranks.key(), wrapped.backend)] = wrapped
-        return wrapped
-    raise bad_argument(f"group[{index}]", group, "is not a process group",
-                       "pass tensorplay or torch.distributed process groups")
+    adopted = world.adopt(group)
+    if adopted is None:
+        raise bad_argument(f"group[{index}]", group, "is not a process group",
+                           f"pass tensorplay or {world.engine.name} process groups")
+    return adopted
 
 
 def _unpickle(device: str, spec: MeshSpec, root: MeshSpec, backends: tuple[str, ...]):
@@ -445,33 +460,6 @@ def _unpickle(device: str, spec: MeshSpec, root: MeshSpec, backends: tuple[str, 
     world = current_world("unpickling a DeviceMesh")
     return DeviceMesh._make(world, device, spec, root, backends,
                             _make_groups(world, spec, backends))
-
-
-def _setup_cuda(world: World) -> None:
-    """Keep the current CUDA device, else take LOCAL_RANK's; never guess. Logged once."""
-    if world.backend == "fake" or world.cuda_device is not None:
-        return
-    import torch
-
-    from . import _env
-
-    if not torch.cuda.is_available():
-        raise bad_argument("device_type", "cuda", "CUDA is not available in this process",
-                           "use device_type='cpu', or run where torch.cuda.is_available()")
-    if torch.cuda.is_initialized():
-        world.cuda_device = torch.cuda.current_device()
-        log.info("cuda mesh: keeping the current device cuda:%d", world.cuda_device)
-        return
-    local = _env.local_rank_from_env()
-    if local is None:
-        raise ArgumentError(
-            "init_device_mesh('cuda'): no current CUDA device and LOCAL_RANK is not set, so "
-            "the device for this rank is unknown. Fix: launch with tensorplay-run or torchrun "
-            "(they set LOCAL_RANK), or call torch.cuda.set_device(i) first."
-        )
-    world.cuda_device = local % torch.cuda.device_count()
-    torch.cuda.set_device(world.cuda_device)
-    log.info("cuda mesh: set device cuda:%d from LOCAL_RANK=%d", world.cuda_device, local)
 
 
 def init_device_mesh(
@@ -504,29 +492,28 @@ def init_device_mesh(
         "device_type": device, "mesh_shape": shape, "mesh_dim_names": names,
         "backend_override": backends, "host_aware": host_aware,
     })
-    if device == "cuda":
-        _setup_cuda(world)
+    world.engine.use_device(device)
     spec = MeshSpec.row_major(shape, names)
     if host_aware:  # every rank reads the full host list (O(world size) each)
         from . import _topology
 
-        order = _topology.host_aware_order(shape, hosts(world))
+        order = _topology.host_aware_order(shape, world.hosts())
         if order is not None:
             spec = MeshSpec.from_ranks(shape, order, names)
-    elif world.rank == 0 and world.hosts is not None:  # rank 0 holds it from init
+    elif world.rank == 0 and world.known_hosts() is not None:  # rank 0 holds it from init
         from . import _topology
 
         if spec.size <= _topology.CROSSING_LIMIT:
-            hint = _topology.advice(spec, world.hosts)
+            hint = _topology.advice(spec, world.known_hosts())
             if hint is not None:
                 log.warning("init_device_mesh%s: %s", shape, hint)
     return DeviceMesh._make(world, device, spec, spec, backends,
                             _make_groups(world, spec, backends))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the planning command's old spelling, kept working
     import sys
 
-    from ._plan import main
+    from .plan import DEVICE_MESH_PROG, main
 
-    sys.exit(main())
+    sys.exit(main(prog=DEVICE_MESH_PROG))

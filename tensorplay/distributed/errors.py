@@ -1,6 +1,24 @@
 """The exceptions tensorplay.distributed raises, and the one helper that words them.
 
 Every message names the argument, shows the bad value, says what is accepted and how to fix it.
+Each condition has exactly one class (the same table is in docs/bad_inputs.md):
+
+=============================================================  ===========================
+condition                                                      class (also a ...)
+=============================================================  ===========================
+a bad value for an argument of a public call                   ArgumentError (ValueError)
+an argument of the wrong type                                  ArgumentTypeError (TypeError)
+a mesh name that is not a dim of the mesh: ``mesh["pp"]``       UnknownDimError (KeyError)
+this rank is not in the group or mesh it was asked to act in   NotAMemberError (ValueError)
+launcher variables missing, malformed or contradictory         LaunchEnvError (ValueError)
+  (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK...)
+init_process_group() while a world is already joined           AlreadyInitializedError
+no world joined, or a group or mesh of a destroyed world       NotInitializedError
+ranks passed different values to a call that must match       MeshMismatchError
+a bounded wait expired (names who never arrived)               DistributedTimeoutError
+a peer died or its connection broke (names it when known)      RankFailedError
+the engine is missing a backend, or failed in another way      BackendError
+=============================================================  ===========================
 """
 
 from __future__ import annotations
@@ -22,6 +40,17 @@ class ArgumentTypeError(ArgumentError, TypeError):
 
 class NotInitializedError(DistributedError, RuntimeError):
     """A call needs init_process_group() first (or came after destroy_process_group())."""
+
+
+class AlreadyInitializedError(DistributedError, RuntimeError):
+    """init_process_group() was called while this process is already in a world."""
+
+
+class UnknownDimError(ArgumentError, KeyError):
+    """A mesh was sliced by a name that is not one of its dims (a KeyError, as in PyTorch)."""
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)  # KeyError would quote the whole message
 
 
 class NotAMemberError(ArgumentError):

@@ -1,9 +1,9 @@
-"""Our ProcessGroup, Work and ReduceOp, and the World that owns every group of one job.
+"""Our ProcessGroup, Work and ReduceOp: what a user holds, whatever engine runs it.
 
-A ProcessGroup knows its global ranks in group order, this process's rank in it, its backend
-and the engine's own group object (hand ``group.engine_group`` to torch's DDP or FSDP).
-The World keeps one registry of groups keyed by (ordered ranks, backend), so a rank set is
-made into a group once per backend and every later mesh that needs it reuses it.
+A ProcessGroup knows its global ranks in group order, this process's rank in it, its backend,
+the engine's own group object (hand ``group.engine_group`` to torch's DDP or FSDP) and the
+collectives bound to it (``ops``, from the engine). The world keeps one registry of groups
+(``world.World``), so a rank set is made into a group once per backend and epoch.
 """
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import timedelta
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._layout import Layout
 from ._mesh_spec import Ranks
 from .errors import NotAMemberError, NotInitializedError, format_ranks
+
+if TYPE_CHECKING:
+    from ._engine import GroupOps
 
 
 class ReduceOp(enum.Enum):
@@ -55,7 +54,11 @@ class Work:
 
 
 class ProcessGroup:
-    """A set of global ranks in a fixed order, bound to one engine group on its members."""
+    """A set of global ranks in a fixed order, bound to one engine group on its members.
+
+    ``label`` names it in errors: "the 'dp' group [1, 5]" for a mesh dim, "the group [0, 2]"
+    for new_group, "the world group [0-7]" for the world.
+    """
 
     def __init__(
         self,
@@ -64,16 +67,21 @@ class ProcessGroup:
         backend: str,
         name: str,
         engine_group: Any = None,
+        *,
+        kind: str = "",
     ):
         self._ranks = ranks
         self._backend = backend
         self._name = name
         self._engine_group = engine_group
+        self._kind = kind
         self._released = False
-        self.barriers = 0  # blocking barriers run so far (names their store keys)
         found = ranks.index(global_rank)
         self._rank = -1 if found is None else found
         self._global_rank = global_rank
+        # the engine's collectives for this group: set by the world on a member, None when
+        # this rank cannot use the group (usable() then says why)
+        self.ops: GroupOps | None = None
 
     def size(self) -> int:
         """Number of ranks in the group."""
@@ -100,8 +108,14 @@ class ProcessGroup:
 
     @property
     def name(self) -> str:
-        """Name of the group, derived from its ranks and backend only."""
+        """Name of the group, derived from its ranks, backend and epoch only."""
         return self._name
+
+    @property
+    def label(self) -> str:
+        """How errors name the group: "the 'dp' group [1, 5]"."""
+        ranks = format_ranks(self._ranks) if len(self._ranks) < 4096 else repr(self._ranks)
+        return f"the {self._kind + ' ' if self._kind else ''}group [{ranks}]"
 
     @property
     def engine_group(self) -> Any:
@@ -125,21 +139,22 @@ class ProcessGroup:
     def release(self) -> None:
         """Let go of the engine group (its world was destroyed); later use raises."""
         self._engine_group = None
+        self.ops = None
         self._released = True
 
-    def require_member(self, what: str) -> None:
-        """Raise unless this rank is in the group and the group's world is still alive."""
+    def usable(self, what: str) -> GroupOps:
+        """The group's collectives, or the error saying why this rank cannot use them."""
+        if self.ops is not None:
+            return self.ops
         if self._released:
             raise NotInitializedError(
-                f"{what}: group {self._name} belongs to a destroyed world. Fix: build new "
+                f"{what}: {self.label} belongs to a destroyed world. Fix: build new "
                 f"groups and meshes after init_process_group()."
             )
-        if not self.is_member:
-            raise NotAMemberError(
-                f"{what}: rank {self._global_rank} is not in group {self._name} "
-                f"(ranks {format_ranks(self._ranks) if len(self._ranks) < 4096 else self._ranks})."
-                f" Fix: call it only on the group's members, or use a group that holds this rank."
-            )
+        raise NotAMemberError(
+            f"{what}: rank {self._global_rank} is not in {self.label}. Fix: call it only on "
+            f"the group's members, or use a group that holds this rank."
+        )
 
     def __repr__(self) -> str:
         return (
@@ -148,73 +163,11 @@ class ProcessGroup:
         )
 
 
-def group_name(ranks: Ranks, backend: str) -> str:
-    """Deterministic name of the group of ``ranks`` on ``backend``: equal on every rank."""
+def group_name(ranks: Ranks, backend: str, epoch: int) -> str:
+    """Deterministic name of the group of ``ranks`` on ``backend`` in ``epoch``, equal on
+    every rank: 'gloo-e0-' and 16 hex digits of a digest of the ordered ranks."""
     digest = hashlib.sha1(repr((ranks.key(), backend)).encode(), usedforsecurity=False)
-    return f"tp-{backend}-{digest.hexdigest()[:20]}"
-
-
-@dataclass(eq=False)
-class World:
-    """One initialised job: this rank, the world size, its engine and its group registry."""
-
-    rank: int
-    size: int
-    backend: str
-    timeout: timedelta
-    engine: ModuleType
-    store: Any
-    default_group: ProcessGroup = field(init=False)
-    engine_default_group: Any = None
-    groups: dict[tuple, ProcessGroup] = field(default_factory=dict)
-    flattened: dict[tuple, dict[str, tuple]] = field(default_factory=dict)
-    created: int = 0  # groups this rank has helped create (not counting the world)
-    cuda_device: int | None = None  # chosen once by the first "cuda" mesh
-    agreements: int = 0  # cross-rank checks run so far (names their store keys)
-    # rank -> pid of this host's ranks, gathered at init: naming a dead peer must not need
-    # the store, which dies with rank 0 (often just after its error)
-    host_pids: dict[int, int] | None = None
-    alive: bool = True
-    hosts: Any = None  # _topology.Hosts of every rank: rank 0 from init, others on first use
-
-    def __post_init__(self) -> None:
-        ranks = Ranks(layout=Layout((((self.size, 1),),)))
-        self.default_group = ProcessGroup(
-            ranks, self.rank, self.backend, "world", self.engine_default_group
-        )
-        self.groups[(ranks.key(), self.backend)] = self.default_group
-
-    def find_group(self, ranks: Ranks, backend: str | None = None) -> ProcessGroup | None:
-        """The registered group of ``ranks`` on ``backend``, or None."""
-        return self.groups.get((ranks.key(), backend or self.backend))
-
-    def group(self, ranks: Ranks, backend: str | None = None, desc: str = "") -> ProcessGroup:
-        """The group of ``ranks`` on ``backend``: reused when registered, else created.
-
-        Only members create the engine group; a non-member gets a ProcessGroup with rank -1.
-        """
-        backend = backend or self.backend
-        key = (ranks.key(), backend)
-        found = self.groups.get(key)
-        if found is not None:
-            return found
-        name = group_name(ranks, backend)
-        engine_group = None
-        if ranks.index(self.rank) is not None:
-            members = ranks.tolist() if self.engine.NAME != "fake" else []
-            engine_group = self.engine.new_group(name, members, backend, self.timeout, desc)
-            self.created += 1
-        group = ProcessGroup(ranks, self.rank, backend, name, engine_group)
-        self.groups[key] = group
-        return group
-
-    def register_flatten(self, root_key: tuple, name: str, dims: tuple) -> None:
-        """Remember that ``name`` flattens ``dims`` of the root mesh with ``root_key``."""
-        self.flattened.setdefault(root_key, {})[name] = dims
-
-    def flattened_names(self, root_key: tuple) -> dict[str, tuple]:
-        """Flattened dim names registered for a root mesh."""
-        return self.flattened.get(root_key, {})
+    return f"{backend}-e{epoch}-{digest.hexdigest()[:16]}"
 
 
 def check_ranks_in_world(name: str, ranks: Sequence[int], world_size: int) -> None:

@@ -1,42 +1,176 @@
-"""Start and stop the job's world, and ask it about ranks: the torch.distributed-shaped entry.
+"""The job's World and its lifecycle: the torch.distributed-shaped entry points.
 
 init_process_group() reads the launcher's variables (RANK, WORLD_SIZE, MASTER_ADDR, ...),
-starts the engine (gloo, nccl, or the in-process "fake" world) and keeps one World per process.
+starts the engine that runs the backend (found in the registry, ``backends/``) and keeps one
+World per process: this rank, the world size, the engine, its store, the SPMD counters and
+epoch (``_keys.Spmd``), and the registry of groups, reached through World's methods only.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
-from . import _env
-from ._consensus import named_failures
+from . import _env, _keys, backends
+from ._failures import collective_error, named_failures
+from ._layout import Layout
 from ._mesh_spec import Ranks
 from .errors import (
-    ArgumentError,
+    AlreadyInitializedError,
+    LaunchEnvError,
     NotInitializedError,
     bad_argument,
     bad_type,
     format_ranks,
 )
-from .process_group import ProcessGroup, World, check_ranks_in_world
+from .process_group import ProcessGroup, check_ranks_in_world, group_name
+
+if TYPE_CHECKING:
+    from ._engine import Engine, Store
+    from ._topology import Hosts
 
 log = logging.getLogger("tensorplay.distributed")
 
-BACKENDS = ("gloo", "nccl", "fake")
+
+@dataclass(eq=False)
+class World:
+    """One joined job: this rank, the world size, its engine and store, and its groups.
+
+    Groups are registered by (ordered ranks, backend) within the current epoch: the same
+    ranks and backend give the same ProcessGroup, made once. Only World's methods touch the
+    registry.
+    """
+
+    rank: int
+    size: int
+    backend: str
+    timeout: timedelta
+    engine: Engine
+    store: Store | None
+    world_group: Any = None  # the engine's group of the whole world
+    spmd: _keys.Spmd = field(default_factory=_keys.Spmd)
+    # rank -> pid of this host's ranks, gathered at init: naming a dead peer must not need
+    # the store, which dies with rank 0 (often just after its error)
+    host_pids: dict[int, int] | None = None
+    alive: bool = True
+    created: int = 0  # groups this rank has helped create (not counting the world)
+    default_group: ProcessGroup = field(init=False)
+    _groups: dict[tuple, ProcessGroup] = field(default_factory=dict)
+    _flattened: dict[tuple, dict[str, tuple]] = field(default_factory=dict)
+    _hosts: Hosts | None = None  # rank 0 from init, the others on first use
+
+    def __post_init__(self) -> None:
+        ranks = Ranks(layout=Layout((((self.size, 1),),)))
+        self.default_group = self._register(ranks, self.backend, "world", self.world_group,
+                                            "world")
+
+    @property
+    def simulated(self) -> bool:
+        """Whether this world exists only in this process (nothing moves)."""
+        return self.engine.capabilities.simulated
+
+    def find_group(self, ranks: Ranks, backend: str | None = None) -> ProcessGroup | None:
+        """The registered group of ``ranks`` on ``backend``, or None."""
+        return self._groups.get((ranks.key(), backend or self.backend))
+
+    def group(self, ranks: Ranks, backend: str | None = None, kind: str = "") -> ProcessGroup:
+        """The group of ``ranks`` on ``backend``: reused when registered, else created.
+
+        Only members create the engine group; a non-member gets a ProcessGroup with rank -1.
+        ``kind`` names it in errors ("'dp'" gives "the 'dp' group [1, 5]").
+        """
+        backend = backend or self.backend
+        found = self._groups.get((ranks.key(), backend))
+        if found is not None:
+            return found
+        name = group_name(ranks, backend, self.spmd.epoch)
+        engine_group = None
+        if ranks.index(self.rank) is not None:
+            desc = f"mesh dim {kind}" if kind.startswith("'") else (kind or "new_group")
+            engine_group = self.engine.new_group(name, ranks, backend, self.timeout, desc)
+            self.created += 1
+        return self._register(ranks, backend, name, engine_group, kind)
+
+    def adopt(self, obj: object) -> ProcessGroup | None:
+        """Our group for an engine group made outside the package (torch's new_group, say);
+        None when ``obj`` is not an engine group of this world's engine."""
+        found = self.engine.group_members(obj)
+        if found is None:
+            return None
+        members, backend = found
+        ranks = Ranks.of(members)
+        return self.find_group(ranks, backend) or self._register(
+            ranks, backend, f"adopted-{group_name(ranks, backend, self.spmd.epoch)}", obj, "")
+
+    def _register(self, ranks: Ranks, backend: str, name: str, engine_group: Any,
+                  kind: str) -> ProcessGroup:
+        group = ProcessGroup(ranks, self.rank, backend, name, engine_group, kind=kind)
+        if group.is_member:
+            group.ops = self.engine.ops(
+                engine_group, group, lambda err, what: collective_error(self, err, what, group))
+        self._groups[(ranks.key(), backend)] = group
+        return group
+
+    def groups(self) -> list[ProcessGroup]:
+        """Every group registered in this world, the world group included."""
+        return list(self._groups.values())
+
+    def group_count(self) -> int:
+        """How many groups are registered in this world, the world group included."""
+        return len(self._groups)
+
+    def open_epoch(self) -> int:
+        """Start the next generation of groups and store keys; returns its number.
+
+        Every rank calls it in step (SPMD). Afterwards the counters restart, checks and
+        barriers use keys under the new ``e<epoch>/``, and a group asked for again is made
+        afresh under a name carrying the new epoch; groups of the old epoch are no longer
+        found in the registry (the world group stays).
+        """
+        epoch = self.spmd.open_epoch()
+        self._groups = {key: g for key, g in self._groups.items() if g is self.default_group}
+        self._flattened.clear()
+        return epoch
+
+    def register_flatten(self, root_key: tuple, name: str, dims: tuple) -> None:
+        """Remember that ``name`` flattens ``dims`` of the root mesh with ``root_key``."""
+        self._flattened.setdefault(root_key, {})[name] = dims
+
+    def flattened_names(self, root_key: tuple) -> dict[str, tuple]:
+        """Flattened dim names registered for a root mesh."""
+        return self._flattened.get(root_key, {})
+
+    def hosts(self) -> Hosts:
+        """The world's host map, read from the store on first use (a simulated or 1-rank
+        world is one host: this machine)."""
+        from ._topology import Hosts, hosts_from_names
+
+        if self._hosts is None:
+            if self.store is None or self.size == 1:
+                return Hosts.blocks(self.size, 1, names=[_env.hostname()])
+            self._hosts = hosts_from_names(self.store.get(_keys.HOSTS).decode().split("\n"))
+        return self._hosts
+
+    def known_hosts(self) -> Hosts | None:
+        """The host map if this rank holds it already (rank 0 does from init), else None."""
+        return self._hosts
+
+    def close(self) -> None:
+        """Release every group and the engine: meshes may outlive the world, engine groups
+        don't. Our references to the engine's objects go too, so that rank 0's store server
+        closes now and a new world can listen on the same port."""
+        self.alive = False
+        for group in self._groups.values():
+            group.release()
+        self._groups.clear()
+        self.world_group = self.store = None
+        self.engine.destroy()
+
+
 _WORLD: World | None = None
-
-
-def _engine_for(backend: str):
-    """The engine module that runs ``backend`` (imported only when needed)."""
-    if backend == "fake":
-        from .backends import fake
-
-        return fake
-    from .backends import torch_c10d
-
-    return torch_c10d
 
 
 def _check_int(name: str, value: object, fix: str) -> int:
@@ -79,24 +213,42 @@ def init_process_group(
     """
     global _WORLD
     if _WORLD is not None:
-        raise ArgumentError(
+        raise AlreadyInitializedError(
             "init_process_group: this process already joined a world "
             f"(rank {_WORLD.rank} of {_WORLD.size}). Fix: call destroy_process_group() first."
         )
+    backend, init_method, rank, world_size, wait = _canonical_args(
+        backend, init_method, rank, world_size, timeout)
+    engine = backends.engine_for(backend)
+    master = None
+    if not engine.capabilities.simulated:
+        master = _master_address(init_method, _env.detect())
+    started = engine.start(
+        backend, init_method, rank=rank, world_size=world_size, timeout=wait, master=master
+    )
+    _WORLD = world = World(rank, world_size, backend, wait, engine, started.store,
+                           world_group=started.world_group)
+    if world.store is not None and world_size > 1:
+        with named_failures(world, "init_process_group(): exchanging host names"):
+            world.host_pids = _exchange_hosts(world)
+    log.debug("joined world: rank %d of %d, backend %s", rank, world_size, backend)
+
+
+def _canonical_args(
+    backend: object, init_method: object, rank: object, world_size: object, timeout: object
+) -> tuple[str, str, int, int, timedelta]:
+    """init_process_group's arguments checked, with rank and size read from the launcher."""
     if backend is not None and not isinstance(backend, str):
-        raise bad_type("backend", backend, "str", f"use one of {BACKENDS}")
+        raise bad_type("backend", backend, "str", f"use one of {backends.BACKENDS}")
     if init_method is not None and not isinstance(init_method, str):
         raise bad_type("init_method", init_method, "str", "use 'env://' or 'tcp://host:port'")
     world_size = _check_int("world_size", world_size, "pass the number of processes")
     rank = _check_int("rank", rank, "pass this process's rank")
     wait = to_timedelta(timeout)
-    if backend is None:
-        from .backends import torch_c10d
-
-        backend = torch_c10d.default_backend()
-    backend = backend.lower()
-    if backend not in BACKENDS:
-        raise bad_argument("backend", backend, "unknown backend", f"use one of {BACKENDS}")
+    backend = (backend or backends.default_backend()).lower()
+    if backends.engine_name(backend) is None:
+        raise bad_argument("backend", backend, "unknown backend",
+                           f"use one of {backends.BACKENDS}")
     init_method = init_method or "env://"
     scheme = init_method.split("://", 1)[0] if "://" in init_method else ""
     if scheme not in ("env", "tcp", "file"):
@@ -104,11 +256,12 @@ def init_process_group(
             "init_method", init_method, "unknown scheme",
             "use 'env://', 'tcp://host:port' or 'file:///shared/path'",
         )
-    launch = _env.detect()
-    if rank < 0:
-        rank = _from_launch(launch, "rank", "RANK")
-    if world_size < 0:
-        world_size = _from_launch(launch, "world_size", "WORLD_SIZE")
+    if rank < 0 or world_size < 0:
+        launch = _env.detect()
+        if rank < 0:
+            rank = _from_launch(launch, "rank", "RANK")
+        if world_size < 0:
+            world_size = _from_launch(launch, "world_size", "WORLD_SIZE")
     if world_size < 1:
         raise bad_argument("world_size", world_size, "must be at least 1", "pass world_size>=1")
     if not 0 <= rank < world_size:
@@ -116,77 +269,42 @@ def init_process_group(
             "rank", rank, f"must be in 0..{world_size - 1} for world_size={world_size}",
             "give each process a distinct rank below world_size",
         )
-    engine = _engine_for(backend)
-    master = None
-    if backend != "fake":
-        master = _master_address(scheme, init_method, launch)
-    engine_group, store = engine.init_world(
-        backend, init_method, rank=rank, world_size=world_size, timeout=wait, master=master
-    )
-    _WORLD = World(
-        rank, world_size, backend, wait, engine, store, engine_default_group=engine_group
-    )
-    if store is not None and world_size > 1:
-        with named_failures(_WORLD, "init_process_group(): exchanging host names"):
-            _WORLD.host_pids = _exchange_hosts(_WORLD)
-    log.debug("joined world: rank %d of %d, backend %s", rank, world_size, backend)
-
-
-HOSTS = "tensorplay/hosts"  # every rank's host name, one per line, posted by rank 0
-ON_HOST = "tensorplay/host/{host}"  # "<rank>:<pid>;..." of one host, posted by rank 0
+    return backend, init_method, rank, world_size, wait
 
 
 def _exchange_hosts(world: World) -> dict[int, int]:
     """Return rank -> pid of the ranks on this host.
 
-    Each rank posted "<pid> <host>" as it joined (the engine's JOINED mark); rank 0 reads them
-    all with one multi_get and posts, with one multi_set, every host's rank:pid list and the
-    list of all host names. Every other rank reads only its own host's list: 1 store
-    operation and O(ranks per host) bytes per rank, O(N) in all. The full list is read later,
-    only where needed (hosts()); rank 0 keeps it, so it can advise on meshes at no cost. Plain
+    Each rank posted "<pid> <host>" as it joined (``_keys.JOINED``); rank 0 reads them all
+    with one multi_get and posts, with one multi_set, every host's rank:pid list and the list
+    of all host names. Every other rank reads only its own host's list: 1 store operation and
+    O(ranks per host) bytes per rank, O(N) in all. The full list is read later, only where
+    needed (World.hosts()); rank 0 keeps it, so it can advise on meshes at no cost. Plain
     text, no pickles; every wait is bounded by the store's timeout.
     """
-    store, here, joined = world.store, _env.hostname(), world.engine.JOINED
+    from ._topology import hosts_from_names
+
+    store, here = world.store, _env.hostname()
     if world.rank == 0:
         entries = [v.decode().split(" ", 1) for v in
-                   store.multi_get([f"{joined}{r}" for r in range(world.size)])]
+                   store.multi_get([_keys.joined(r) for r in range(world.size)])]
         names = [host for _, host in entries]
         per_host: dict[str, str] = {}
         for rank, (pid, host) in enumerate(entries):
             per_host[host] = per_host.get(host, "") + f"{rank}:{pid};"
-        keys = [ON_HOST.format(host=h) for h in per_host] + [HOSTS]
+        keys = [_keys.ON_HOST.format(host=h) for h in per_host] + [_keys.HOSTS]
         store.multi_set(keys, [*per_host.values(), "\n".join(names)])
-        world.hosts = _hosts_from_names(names)
+        world._hosts = hosts_from_names(names)
         mine = per_host[here]
     else:
-        mine = store.get(ON_HOST.format(host=here)).decode()  # waits for rank 0
+        mine = store.get(_keys.ON_HOST.format(host=here)).decode()  # waits for rank 0
     pairs = (item.split(":") for item in mine.split(";") if item)
     return {int(rank): int(pid) for rank, pid in pairs}
 
 
-def _hosts_from_names(names):
-    from ._topology import hosts_from_names
-
-    return hosts_from_names(names)
-
-
-def hosts(world: World):
-    """The world's host map (a _topology.Hosts), read from the store on first use.
-
-    A fake or 1-rank world is one host: this machine.
-    """
-    if world.hosts is None:
-        if world.store is None or world.size == 1:
-            from ._topology import Hosts
-
-            return Hosts.blocks(world.size, 1, names=[_env.hostname()])
-        world.hosts = _hosts_from_names(world.store.get(HOSTS).decode().split("\n"))
-    return world.hosts
-
-
 def _from_launch(launch: _env.LaunchEnv | None, field: str, var: str) -> int:
     if launch is None:
-        raise ArgumentError(
+        raise LaunchEnvError(
             f"init_process_group: {field} not given and {var} is not set. Fix: start the job "
             f"with tensorplay-run or torchrun (they set RANK, WORLD_SIZE, MASTER_ADDR, "
             f"MASTER_PORT), or pass rank=... and world_size=... ."
@@ -194,13 +312,11 @@ def _from_launch(launch: _env.LaunchEnv | None, field: str, var: str) -> int:
     return getattr(launch, field)
 
 
-def _master_address(
-    scheme: str, init_method: str, launch: _env.LaunchEnv | None
-) -> tuple[str, int] | None:
+def _master_address(init_method: str, launch: _env.LaunchEnv | None) -> tuple[str, int] | None:
     """(host, port) of the rendezvous store for env:// and tcp://; None for file://."""
-    if scheme == "file":
+    if init_method.startswith("file://"):
         return None
-    if scheme == "tcp":
+    if init_method.startswith("tcp://"):
         from urllib.parse import urlparse
 
         url = urlparse(init_method)
@@ -213,7 +329,7 @@ def _master_address(
     port = launch.master_port if launch else None
     if addr is None or port is None:
         missing = [n for n, v in (("MASTER_ADDR", addr), ("MASTER_PORT", port)) if v is None]
-        raise ArgumentError(
+        raise LaunchEnvError(
             f"init_process_group(init_method='env://'): {' and '.join(missing)} not set. "
             f"Fix: set MASTER_ADDR to rank 0's address and MASTER_PORT to a free port "
             f"(tensorplay-run and torchrun set both), or use init_method='tcp://host:port'."
@@ -241,15 +357,8 @@ def destroy_process_group() -> None:
     """Leave the world: every group and mesh of it stops working."""
     global _WORLD
     world = current_world("destroy_process_group()")
-    world.alive = False
     _WORLD = None
-    for group in world.groups.values():  # meshes may outlive the world; engine groups don't
-        group.release()
-    world.groups.clear()
-    # drop our references to the engine's objects too, so that rank 0's store server closes
-    # now (meshes may keep the World alive) and a new world can listen on the same port
-    world.engine_default_group = world.store = None
-    world.engine.destroy()
+    world.close()
 
 
 def resolve_group(group: ProcessGroup | None, what: str) -> ProcessGroup:
@@ -303,12 +412,15 @@ def new_group(
     if len(set(members)) != len(members):
         raise bad_argument("ranks", ranks, "contains duplicates", "list each rank once")
     check_ranks_in_world("ranks", members, world.size)
-    if backend is not None and backend not in BACKENDS:
-        raise bad_argument("backend", backend, "unknown backend", f"use one of {BACKENDS}")
-    if backend is not None and (backend == "fake") != (world.backend == "fake"):
-        raise bad_argument(
-            "backend", backend, f"cannot mix with a {world.backend!r} world",
-            f"use backend={world.backend!r}",
-        )
+    if backend is not None:
+        engine = backends.engine_name(backend)
+        if engine is None:
+            raise bad_argument("backend", backend, "unknown backend",
+                               f"use one of {backends.BACKENDS}")
+        if engine != world.engine.name:
+            raise bad_argument(
+                "backend", backend, f"cannot mix with a {world.backend!r} world",
+                f"use backend={world.backend!r}",
+            )
     with named_failures(world, f"new_group(ranks={format_ranks(members)})"):
-        return world.group(Ranks.of(members), backend, desc or "new_group")
+        return world.group(Ranks.of(members), backend, desc)

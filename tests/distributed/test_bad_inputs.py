@@ -24,6 +24,7 @@ import tensorplay.distributed as dist
 from tensorplay.distributed import world as world_module
 from tensorplay.distributed.device_mesh import DeviceMesh, init_device_mesh
 from tensorplay.distributed.errors import (
+    AlreadyInitializedError,
     ArgumentError,
     ArgumentTypeError,
     BackendError,
@@ -31,6 +32,7 @@ from tensorplay.distributed.errors import (
     LaunchEnvError,
     NotAMemberError,
     NotInitializedError,
+    UnknownDimError,
 )
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "bad_inputs.md"
@@ -45,7 +47,8 @@ class Case:
     """One bad input: where it runs, the call, and what it must raise."""
 
     id: str
-    world: str  # "fake" (rank 3 of 8), "none", "destroyed", "gloo" (1 real rank)
+    world: str  # "fake" (rank 3 of 8), "none", "destroyed", "renewed" (destroyed, then a
+    # new fake world), "gloo" (1 real rank)
     call: str  # evaluated with the names of _namespace()
     error: type[Exception]
     start: str  # the message starts with this
@@ -126,7 +129,7 @@ CASES = [
     C("mesh-scalar", "fake", "DeviceMesh('cpu', 5)", ArgumentError,
       "mesh=5: is a single value, not an array of ranks", "mesh"),
     # -- slicing -------------------------------------------------------------------------
-    C("slice-unknown", "fake", "mesh['pp']", ArgumentError,
+    C("slice-unknown", "fake", "mesh['pp']", UnknownDimError,
       "mesh[...]='pp': is not a dim name of this mesh", "mesh[...]"),
     C("slice-repeated", "fake", "mesh['dp', 'dp']", ArgumentError,
       "mesh[...]=('dp', 'dp'): repeats a name", "mesh[...]"),
@@ -144,7 +147,7 @@ CASES = [
       "mesh_dim=2: is out of range for a 2-d mesh", "mesh_dim"),
     C("group-index-low", "fake", "mesh.get_group(-3)", ArgumentError,
       "mesh_dim=-3: is out of range for a 2-d mesh", "mesh_dim"),
-    C("group-unknown-name", "fake", "mesh.get_group('pp')", ArgumentError,
+    C("group-unknown-name", "fake", "mesh.get_group('pp')", UnknownDimError,
       "mesh_dim='pp': is not a dim name of this mesh", "mesh_dim"),
     C("group-name-on-unnamed", "fake", "unnamed.get_group('dp')", ArgumentError,
       "mesh_dim='dp': is not a dim name of this mesh", "mesh_dim"),
@@ -154,11 +157,11 @@ CASES = [
       "mesh_dim=1.0: expected int index or str name, got float", "mesh_dim"),
     C("local-rank-index-high", "fake", "mesh.get_local_rank(2)", ArgumentError,
       "mesh_dim=2: is out of range for a 2-d mesh", "mesh_dim"),
-    C("local-rank-unknown-name", "fake", "mesh.get_local_rank('pp')", ArgumentError,
+    C("local-rank-unknown-name", "fake", "mesh.get_local_rank('pp')", UnknownDimError,
       "mesh_dim='pp': is not a dim name of this mesh", "mesh_dim"),
     C("local-rank-no-dim-nd", "fake", "mesh.get_local_rank()", ArgumentError,
       "mesh_dim=None: is required on a 2-d mesh", "mesh_dim"),
-    C("size-unknown-name", "fake", "mesh.size('pp')", ArgumentError,
+    C("size-unknown-name", "fake", "mesh.size('pp')", UnknownDimError,
       "mesh_dim='pp': is not a dim name of this mesh", "mesh_dim"),
     C("rank-at-bad-coordinate", "fake", "mesh.get_rank((2, 0))", ArgumentError,
       "coordinate=(2, 0): is not a coordinate of shape (2, 4)", "coordinate"),
@@ -182,7 +185,7 @@ CASES = [
     C("override-unknown-dim", "fake",
       "init_device_mesh('cpu', (2, 4), mesh_dim_names=('dp', 'tp'), "
       "backend_override={'pp': 'fake'})",
-      ArgumentError, "backend_override='pp': is not a dim name of this mesh",
+      UnknownDimError, "backend_override='pp': is not a dim name of this mesh",
       "backend_override"),
     C("override-wrong-world", "fake",
       "init_device_mesh('cpu', (8,), backend_override=('gloo',))",
@@ -194,10 +197,10 @@ CASES = [
     C("mesh-without-this-rank-slice", "fake", "outside_named['x']", NotAMemberError,
       "mesh['x']: rank 3 is not in this mesh", "mesh['x']"),
     C("collective-not-a-member", "fake", "dist.all_reduce(torch.ones(1), group=pair)",
-      NotAMemberError, "all_reduce(): rank 3 is not in group tp-fake-", "all_reduce()"),
+      NotAMemberError, "all_reduce(): rank 3 is not in the group [0-1]", "all_reduce()"),
     C("collective-src-not-in-group", "fake",
       "dist.broadcast(torch.ones(1), src=5, group=quad)", ArgumentError,
-      "src=5: is not a member of the group tp-fake-", "src"),
+      "src=5: is not a member of the 'tp' group [0-3]", "src"),
     C("new-group-duplicates", "fake", "dist.new_group([0, 0])", ArgumentError,
       "ranks=[0, 0]: contains duplicates", "ranks"),
     C("new-group-outside", "fake", "dist.new_group([0, 8])", ArgumentError,
@@ -214,11 +217,16 @@ CASES = [
     C("no-world-destroy", "none", "dist.destroy_process_group()", NotInitializedError,
       "destroy_process_group() needs a process group", "destroy_process_group()"),
     C("destroyed-get-group", "destroyed", "mesh.get_group('tp')", NotInitializedError,
-      "get_group() needs a process group", "get_group()"),
+      "get_group(): this mesh belongs to a destroyed world", "get_group()"),
     C("destroyed-get-coordinate", "destroyed", "mesh.get_coordinate()", NotInitializedError,
-      "get_coordinate() needs a process group", "get_coordinate()"),
+      "get_coordinate(): this mesh belongs to a destroyed world", "get_coordinate()"),
     C("destroyed-flatten", "destroyed", "mesh.flatten()", NotInitializedError,
-      "flatten() needs a process group", "flatten()"),
+      "flatten(): this mesh belongs to a destroyed world", "flatten()"),
+    C("destroyed-collective", "destroyed", "dist.all_reduce(torch.ones(1), group=quad)",
+      NotInitializedError, "all_reduce(): the 'tp' group [0-3] belongs to a destroyed world",
+      "all_reduce()"),
+    C("destroyed-mesh-in-new-world", "renewed", "mesh.get_group('tp')", NotInitializedError,
+      "get_group(): this mesh belongs to a destroyed world", "get_group()"),
     C("destroyed-init-device-mesh", "destroyed", "init_device_mesh('cpu', (8,))",
       NotInitializedError, "init_device_mesh() needs a process group", "init_device_mesh()"),
     # -- collectives on a real gloo rank ---------------------------------------------------
@@ -269,12 +277,12 @@ CASES = [
       "dist.init_process_group('gloo', 5, rank=0, world_size=1)", ArgumentTypeError,
       "init_method=5: expected str, got int", "init_method"),
     C("init-env-no-master", "none", "dist.init_process_group('gloo', rank=0, world_size=1)",
-      ArgumentError, "init_process_group(init_method='env://'): MASTER_ADDR and MASTER_PORT "
+      LaunchEnvError, "init_process_group(init_method='env://'): MASTER_ADDR and MASTER_PORT "
       "not set", "MASTER_ADDR"),
-    C("init-no-rank", "none", "dist.init_process_group('fake')", ArgumentError,
+    C("init-no-rank", "none", "dist.init_process_group('fake')", LaunchEnvError,
       "init_process_group: rank not given and RANK is not set", "RANK"),
     C("init-twice", "fake", "dist.init_process_group('fake', rank=0, world_size=8)",
-      ArgumentError, "init_process_group: this process already joined a world",
+      AlreadyInitializedError, "init_process_group: this process already joined a world",
       "init_process_group"),
 ]
 if not torch.distributed.is_nccl_available():
@@ -319,11 +327,13 @@ def clean_env(monkeypatch):
 def _setup(case: Case) -> dict[str, object]:
     names: dict[str, object] = {"init_device_mesh": init_device_mesh, "DeviceMesh": DeviceMesh,
                                 "dist": dist, "torch": torch, "np": np}
-    if case.world in ("fake", "destroyed"):
+    if case.world in ("fake", "destroyed", "renewed"):
         dist.init_process_group("fake", rank=3, world_size=8)
         names.update(_fake_meshes())
-        if case.world == "destroyed":
+        if case.world != "fake":
             dist.destroy_process_group()
+        if case.world == "renewed":
+            dist.init_process_group("fake", rank=3, world_size=8)
     elif case.world == "gloo":
         dist.init_process_group("gloo", f"tcp://127.0.0.1:{_free_port()}", rank=0,
                                 world_size=1, timeout=30)
@@ -336,7 +346,7 @@ def test_bad_input(case: Case, clean_env):
         clean_env.setenv(name, value)
     names = _setup(case)
     world = world_module._WORLD
-    before = None if world is None else (world.created, len(world.groups), world.agreements)
+    before = None if world is None else (world.created, world.group_count(), world.spmd.counts())
     with pytest.raises(case.error) as caught:
         eval(case.call, names)  # noqa: S307 - our own table of calls
     err = caught.value
@@ -349,9 +359,11 @@ def test_bad_input(case: Case, clean_env):
         assert isinstance(err, ValueError)
     if isinstance(err, ArgumentTypeError):
         assert isinstance(err, TypeError)
+    if isinstance(err, UnknownDimError):  # code written for PyTorch's mesh catches KeyError
+        assert isinstance(err, KeyError)
     assert world_module._WORLD is world  # a bad init_process_group joins no world
     if case.world == "fake":
-        assert (world.created, len(world.groups), world.agreements) == before  # nothing made
+        assert (world.created, world.group_count(), world.spmd.counts()) == before  # nothing made
         good = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
         assert good.get_coordinate() == [0, 3]
         assert good.get_group("tp").ranks == [0, 1, 2, 3]
@@ -363,6 +375,17 @@ def test_a_failed_init_leaves_no_world_and_a_good_one_follows(clean_env):
     assert not dist.is_initialized()
     dist.init_process_group("fake", rank=7, world_size=8)
     assert dist.get_rank() == 7
+
+
+def test_an_unknown_dim_is_caught_as_a_key_error(clean_env):
+    dist.init_process_group("fake", rank=3, world_size=8)
+    mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    try:
+        mesh["pp"]
+    except KeyError as err:
+        assert str(err).startswith("mesh[...]='pp': is not a dim name of this mesh")
+    else:
+        raise AssertionError("mesh['pp'] did not raise")
 
 
 def test_there_are_many_cases():

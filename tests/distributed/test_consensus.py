@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -19,14 +18,12 @@ from tensorplay.distributed import _consensus
 from tensorplay.distributed.errors import MeshMismatchError
 
 
-class _World:
-    """Just enough of a World for agree(): rank, size, a shared store and a timeout."""
+def _world(rank: int, size: int, store):
+    """A real World over a shared in-memory store: agree() needs no processes."""
+    from tensorplay.distributed.backends import engine_for
+    from tensorplay.distributed.world import World
 
-    def __init__(self, rank: int, size: int, store):
-        self.rank, self.size, self.store, self.agreements = rank, size, store, 0
-        self.host_pids = None
-        self.timeout = timedelta(seconds=20)
-        self.engine = SimpleNamespace(NAME="torch")
+    return World(rank, size, "gloo", timedelta(seconds=20), engine_for("gloo"), store)
 
 
 def _run_ranks(requests: list[dict]) -> list[BaseException | None]:
@@ -39,7 +36,7 @@ def _run_ranks(requests: list[dict]) -> list[BaseException | None]:
 
     def rank_main(rank: int) -> None:
         try:
-            _consensus.agree(_World(rank, len(requests), store), "init_device_mesh()",
+            _consensus.agree(_world(rank, len(requests), store), "init_device_mesh()",
                              requests[rank])
         except Exception as err:  # noqa: BLE001 - reported to the test
             out[rank] = err

@@ -136,6 +136,11 @@ def test_slicing_reuses_groups_and_picks_the_line_through_this_rank(world8):
                 assert entry["sums"] == [sum(g) for g in entry["groups"]]
 
 
+def _registered() -> set[tuple]:
+    """(ranks key, backend) of every group registered in this rank's world."""
+    return {(g.rank_seq.key(), g.backend) for g in world_module._WORLD.groups()}
+
+
 def reshape_job(rank: int):
     mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
     before = world_module._WORLD.created
@@ -143,10 +148,10 @@ def reshape_job(rank: int):
     made_flatten = world_module._WORLD.created - before
     again = mesh["dp_tp"]
     whole = init_device_mesh("cpu", (8,), mesh_dim_names=("all",))
-    before, registered = world_module._WORLD.created, set(world_module._WORLD.groups)
+    before, registered = world_module._WORLD.created, _registered()
     split = whole.unflatten("all", (2, 4), ("replicate", "shard"))
     made_unflatten = world_module._WORLD.created - before
-    new_keys = set(world_module._WORLD.groups) - registered
+    new_keys = _registered() - registered
     split_keys = {(g.rank_seq.key(), g.backend) for g in split.get_all_groups()}
     alias = mesh._flatten("everything")
     return {
@@ -241,7 +246,7 @@ def hosts_job(rank: int):
     os.environ["TENSORPLAY_HOSTNAME"] = f"node{rank % 2}"  # a round-robin launcher on 2 hosts
     dist.init_process_group("gloo", timeout=30)
     world = world_module._WORLD
-    at_init = {"has_all_hosts": world.hosts is not None, "host_pids": world.host_pids,
+    at_init = {"has_all_hosts": world.known_hosts() is not None, "host_pids": world.host_pids,
                "pid": os.getpid()}
     plain = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     aware = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"), host_aware=True)

@@ -33,7 +33,7 @@ def fake_world(rank, size):
     dist.init_process_group("fake", rank=rank, world_size=size)
     try:
         assert not torch_dist.is_initialized(), "our fake world started torch.distributed"
-        yield tp_world._WORLD
+        yield tp_world.current_world("test")
     finally:
         dist.destroy_process_group()
 
@@ -391,3 +391,19 @@ def test_unflatten_creates_only_the_new_dims():
         assert world.created == 4
         assert split.get_group("dp") is mesh.get_group("dp")
         assert split.get_group("tp1").ranks == [4, 5, 6, 7]
+
+
+def test_a_mesh_is_a_frozen_value_whose_key_holds_its_backends():
+    with fake_world(5, 8) as world:
+        mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+        with pytest.raises(AttributeError, match="DeviceMesh is immutable"):
+            mesh._groups = ()
+        with pytest.raises(AttributeError, match="DeviceMesh is immutable"):
+            mesh.extra = 1
+        spec = mesh.spec
+        # as on an nccl world, where backend_override={"dp": "gloo"} gives ("gloo", "nccl")
+        nccl = DeviceMesh._make(world, "cuda", spec, spec, ("nccl", "nccl"), ())
+        mixed = DeviceMesh._make(world, "cuda", spec, spec, ("gloo", "nccl"), ())
+        assert nccl != mixed and len({nccl, mixed}) == 2
+        assert DeviceMesh._make(world, "cuda", spec, spec, ("gloo", "nccl"), ()) == mixed
+        assert init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp")) == mesh

@@ -289,7 +289,7 @@ def killed_in_groups_job(rank: int, tmp: str) -> dict:
 
     _join(rank, tmp, n=3)
     if rank == 2:
-        torch_c10d.new_group = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+        torch_c10d.ENGINE.new_group = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
     return _attempt(lambda: DeviceMesh("cpu", [2, 0, 1]))
 
 
@@ -357,23 +357,18 @@ def test_launcher_stops_the_job_when_a_rank_is_killed(tmp_path):
 # ------------------------------------------------------------------ the diagnosis, in one process
 
 
-class _World:
-    """Just enough of a World for _consensus: a torch HashStore and a 5 s timeout."""
+def _world(rank: int = 0, size: int = 4, store=None):
+    """A World over a torch HashStore with a short timeout, no processes (as _consensus and
+    _failures see a real one)."""
+    from datetime import timedelta
 
-    def __init__(self, rank: int, size: int, store):
-        from datetime import timedelta
-        from types import SimpleNamespace
-
-        self.rank, self.size, self.store, self.agreements = rank, size, store, 0
-        self.host_pids = None
-        self.timeout = timedelta(seconds=PG_TIMEOUT_S)
-        self.engine = SimpleNamespace(NAME="torch")
-
-
-def _world(rank: int = 0, size: int = 4, store=None) -> _World:
     import torch.distributed as tdist
 
-    return _World(rank, size, store if store is not None else tdist.HashStore())
+    from tensorplay.distributed.backends import engine_for
+    from tensorplay.distributed.world import World
+
+    return World(rank, size, "gloo", timedelta(seconds=PG_TIMEOUT_S), engine_for("gloo"),
+                 store if store is not None else tdist.HashStore())
 
 
 def _exited_pid() -> int:
@@ -383,23 +378,23 @@ def _exited_pid() -> int:
 
 
 def _arrive(world, n: int, ranks) -> None:
-    from tensorplay.distributed import _consensus
+    from tensorplay.distributed import _keys
 
     for r in ranks:
-        world.store.set(_consensus.ARRIVE.format(n=n, rank=r), "test")
+        world.store.set(world.spmd.key(_keys.CHECK_ARRIVE, n=n, rank=r), "test")
 
 
 def test_running_treats_zombies_and_reaped_processes_as_dead():
-    from tensorplay.distributed._consensus import _running
+    from tensorplay.distributed._failures import running
 
-    assert _running(os.getpid())
-    assert not _running(_exited_pid())
+    assert running(os.getpid())
+    assert not running(_exited_pid())
     zombie = subprocess.Popen(["true"])  # not reaped until wait()
     deadline = time.monotonic() + 30
     while Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    assert not _running(zombie.pid)
+    assert not running(zombie.pid)
     zombie.wait()
 
 
@@ -410,7 +405,7 @@ def test_a_broken_connection_names_the_dead_and_the_missing():
     world = _world()
     world.host_pids = {0: os.getpid(), 1: os.getpid(), 2: _exited_pid()}
     _arrive(world, 1, [0, 1, 2])
-    err = _consensus._diagnose(world, "init_device_mesh() (cross-rank check #1)", 1,
+    err = _consensus._diagnosed(world, "init_device_mesh() (cross-rank check #1)", 1,
                                RuntimeError("[pair.cc:1] Connection reset by peer"), False)
     assert isinstance(err, RankFailedError)
     assert err.ranks == [2]
@@ -421,15 +416,15 @@ def test_a_broken_connection_names_the_dead_and_the_missing():
 
 
 def test_a_broken_connection_with_nobody_dead_here_blames_another_host():
-    from tensorplay.distributed import _consensus
+    from tensorplay.distributed import _consensus, _failures
     from tensorplay.distributed.errors import RankFailedError
 
     world = _world()
     _arrive(world, 1, range(4))
     start = time.monotonic()
-    err = _consensus._diagnose(world, "flatten() (cross-rank check #1)", 1,
+    err = _consensus._diagnosed(world, "flatten() (cross-rank check #1)", 1,
                                RuntimeError("Connection closed by peer"), False)
-    assert time.monotonic() - start < _consensus.DEATH_GRACE_S + 2  # bounded grace
+    assert time.monotonic() - start < _failures.DEATH_GRACE_S + 2  # bounded grace
     assert isinstance(err, RankFailedError) and err.ranks is None
     assert "a rank on another host probably did" in str(err)
 
@@ -440,7 +435,7 @@ def test_a_timeout_names_the_missing_and_leaves_a_note_for_late_ranks():
 
     world = _world()
     _arrive(world, 1, [0, 1])
-    err = _consensus._diagnose(world, "init_device_mesh() (cross-rank check #1)", 1,
+    err = _consensus._diagnosed(world, "init_device_mesh() (cross-rank check #1)", 1,
                                RuntimeError("Timed out waiting 5000ms"), True)
     assert isinstance(err, DistributedTimeoutError)
     assert err.missing == [2, 3] and err.timeout_s == PG_TIMEOUT_S
@@ -467,7 +462,7 @@ def test_a_dead_rank_is_named_even_when_the_store_is_gone_too():
 
     world = _world(rank=1, store=_GoneStore())
     world.host_pids = {0: os.getpid(), 1: os.getpid(), 2: _exited_pid()}
-    err = _consensus._diagnose(world, "flatten() (cross-rank check #2)", 2,
+    err = _consensus._diagnosed(world, "flatten() (cross-rank check #2)", 2,
                                RuntimeError("Connection closed by peer"), False)
     assert isinstance(err, RankFailedError) and err.ranks == [2], err
     assert str(err).startswith("flatten() (cross-rank check #2) failed: rank 2 (pid ")

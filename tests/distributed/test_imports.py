@@ -11,7 +11,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tensorplay" / "distributed"
 PURE = ["_layout", "_mesh_spec", "_mesh_args", "_env", "errors", "run", "_topology",
-        "_describe", "_plot", "_plan"]
+        "_describe", "_plot", "plan", "_keys", "_arrays", "_engine"]
 ENGINES = {"torch", "mpi4py"}
 
 
@@ -31,9 +31,55 @@ def test_pure_modules_import_no_engine(module):
     assert not _module_level_imports(PACKAGE / f"{module}.py") & ENGINES
 
 
-def test_device_mesh_and_world_do_not_import_torch_at_module_level():
-    for module in ("device_mesh", "world", "process_group", "_consensus"):
-        assert "torch" not in _module_level_imports(PACKAGE / f"{module}.py"), module
+# the torch engine: the only files that may import torch, anywhere in them
+TORCH_ENGINE = {"backends/torch_c10d.py", "backends/torch_collectives.py"}
+# torch tensors are first-class buffers on every engine: _arrays recognises one (through
+# sys.modules, never importing torch), so it may say "torch"
+NAMES_ALLOWED = {"_arrays.py"}
+
+
+def _all_imports(path: Path) -> set[str]:
+    """Top-level names imported anywhere in the file, function bodies included."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _package_files() -> list[str]:
+    return sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py"))
+
+
+def test_only_the_torch_engine_imports_torch():
+    importers = [f for f in _package_files() if "torch" in _all_imports(PACKAGE / f)]
+    assert set(importers) == TORCH_ENGINE, importers
+
+
+def _string_constants(path: Path) -> set[str]:
+    """String constants of the code, docstrings left out."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and isinstance(node.value, str) and id(node) not in docstrings}
+
+
+def test_code_above_the_engines_names_no_engine_or_backend():
+    """Above backends/, an engine is reached through the registry and its capabilities, never
+    by testing for its name ("fake", "torch") or its backends ("gloo", "nccl")."""
+    from tensorplay.distributed.backends import _REGISTRY, BACKENDS
+
+    names = set(BACKENDS) | {engine for engine, _ in _REGISTRY.values()} | {
+        module for _, module in _REGISTRY.values()}
+    for f in _package_files():
+        if f.startswith("backends/") or f in NAMES_ALLOWED:
+            continue
+        assert not _string_constants(PACKAGE / f) & names, f
 
 
 def test_backends_never_import_the_mesh():

@@ -126,10 +126,10 @@ def test_a_new_world_after_destroy_listens_again_and_checks_afresh():
 
 
 def miscounted_job(rank: int) -> str:
-    from tensorplay.distributed.backends import torch_c10d
+    from tensorplay.distributed import _keys
 
     if rank == 1:
-        torch_c10d._worlds_started += 1  # as if rank 1 alone had started a world before
+        _keys.next_world()  # as if rank 1 alone had started a world before
     try:
         dist.init_process_group("gloo", timeout=3)
     except dist.DistributedTimeoutError as err:
@@ -172,3 +172,49 @@ def test_with_nobody_listening_the_probe_gives_up_at_its_deadline():
     start = time.monotonic()
     torch_c10d._await_listener("127.0.0.1", spawn.free_port(), start + 0.5)
     assert 0.5 <= time.monotonic() - start < 10
+
+
+def test_a_new_epoch_makes_fresh_groups_and_keys(fake_world):
+    from tensorplay.distributed import _keys
+    from tensorplay.distributed.device_mesh import init_device_mesh
+    from tensorplay.distributed.world import current_world
+
+    fake_world(5, 8)
+    world = current_world("test")
+    old = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    assert old.get_group("dp").name.startswith("fake-e0-")
+    assert world.spmd.key(_keys.CHECK_OUTCOME, n=1) == "e0/check/1/outcome"
+    assert world.open_epoch() == 1
+    new = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    assert new == old  # the same value ...
+    assert new.get_group("dp") is not old.get_group("dp")  # ... on fresh groups
+    assert new.get_group("dp").name.startswith("fake-e1-")
+    assert new.get_group("dp").ranks == [1, 5]
+    assert world.spmd.key(_keys.CHECK_OUTCOME, n=1) == "e1/check/1/outcome"
+    assert world.spmd.counts() == {}  # counters restart in the new epoch
+
+
+def epoch_job(rank: int) -> dict:
+    import torch
+
+    from tensorplay.distributed.device_mesh import init_device_mesh
+    from tensorplay.distributed.world import current_world
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    world = current_world("epoch_job")
+    world.open_epoch()
+    again = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    x = torch.full((1,), float(rank))
+    dist.all_reduce(x, group=again.get_group("tp"))
+    dist.barrier(again.get_group("dp"))
+    return {"fresh": again.get_group("tp") is not mesh.get_group("tp"),
+            "name": again.get_group("tp").name, "sum": x.item(),
+            "checks": world.spmd.counts().get("check")}
+
+
+def test_ranks_that_open_an_epoch_together_build_and_use_fresh_groups():
+    out = spawn.run(epoch_job, 4, timeout=120)
+    for rank, result in enumerate(out):
+        assert result["fresh"] and "-e1-" in result["name"], result
+        assert result["sum"] == (1.0 if rank < 2 else 5.0), result  # tp rows [0, 1], [2, 3]
+        assert result["checks"] == 1, result  # the new epoch's first cross-rank check

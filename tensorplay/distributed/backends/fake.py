@@ -1,8 +1,9 @@
 """The "fake" engine: a world that exists only in this process.
 
 Any rank of any world size can be simulated: groups cost nothing to create and collectives
-return at once, leaving data as it is (as PyTorch's fake backend does). Use it to plan and
-check a mesh for 100,000 GPUs on a laptop.
+return at once, leaving data as it is (as PyTorch's fake backend does), after checking their
+buffers as a real engine would. Use it to plan and check a mesh for 100,000 GPUs on a laptop.
+Loads no torch.
 """
 
 from __future__ import annotations
@@ -10,36 +11,122 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-NAME = "fake"
-BACKENDS = ("fake",)
+from .. import _arrays
+from .._engine import Capabilities, FailureKind, Started
+from ..process_group import Work
 
 
-def check_available(backend: str) -> None:
-    """The fake engine is always available."""
+class FakeGroupOps:
+    """Collectives of a simulated group: buffers are checked, nothing moves."""
+
+    def __init__(self, size: int):
+        self._size = size
+
+    @staticmethod
+    def _done(async_op: bool) -> Work | None:
+        return Work() if async_op else None
+
+    def all_reduce(self, tensor: Any, op: Any, async_op: bool) -> Work | None:
+        _arrays.kind("tensor", tensor)
+        return self._done(async_op)
+
+    def broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
+        _arrays.kind("tensor", tensor)
+        return self._done(async_op)
+
+    def reduce(self, tensor: Any, dst: int, op: Any, async_op: bool) -> Work | None:
+        _arrays.kind("tensor", tensor)
+        return self._done(async_op)
+
+    def all_gather(self, tensor_list: Any, tensor: Any, async_op: bool) -> Work | None:
+        _arrays.kind("tensor", tensor)
+        _arrays.check_count("tensor_list", tensor_list, self._size)
+        return self._done(async_op)
+
+    def all_gather_into_tensor(self, output: Any, input: Any, async_op: bool) -> Work | None:
+        _arrays.kind("output_tensor", output)
+        _arrays.kind("input_tensor", input)
+        _arrays.check_numel("output_tensor", output, _arrays.numel(input) * self._size)
+        return self._done(async_op)
+
+    def reduce_scatter_tensor(self, output: Any, input: Any, op: Any,
+                              async_op: bool) -> Work | None:
+        _arrays.kind("output", output)
+        _arrays.kind("input", input)
+        _arrays.check_numel("input", input, _arrays.numel(output) * self._size)
+        return self._done(async_op)
+
+    def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any,
+                          input_split_sizes: Any, async_op: bool) -> Work | None:
+        _arrays.kind("output", output)
+        _arrays.kind("input", input)
+        return self._done(async_op)
+
+    def gather(self, tensor: Any, gather_list: Any, dst: int, async_op: bool) -> Work | None:
+        _arrays.kind("tensor", tensor)
+        return self._done(async_op)
+
+    def scatter(self, tensor: Any, scatter_list: Any, src: int, async_op: bool) -> Work | None:
+        _arrays.kind("tensor", tensor)
+        return self._done(async_op)
+
+    def send(self, tensor: Any, dst: int) -> None:
+        _arrays.kind("tensor", tensor)
+
+    def recv(self, tensor: Any, src: int) -> None:
+        _arrays.kind("tensor", tensor)
+
+    def barrier(self, async_op: bool) -> Work | None:
+        return self._done(async_op)
 
 
-def init_world(
-    backend: str,
-    init_method: str,
-    *,
-    rank: int,
-    world_size: int,
-    timeout: timedelta,
-    master: tuple[str, int] | None,
-) -> tuple[Any, Any]:
-    """Nothing to start: no engine group, no store."""
-    return None, None
+class FakeEngine:
+    """The simulated engine (``_engine.Engine``): no processes, no store, no engine groups."""
+
+    name = "fake"
+    capabilities = Capabilities(simulated=True, has_store=False, can_abort=False)
+
+    def default_backend(self) -> str:
+        return "fake"
+
+    def check_available(self, backend: str) -> None:
+        """The fake engine is always available."""
+
+    def start(self, backend: str, init_method: str, *, rank: int, world_size: int,
+              timeout: timedelta, master: tuple[str, int] | None) -> Started:
+        """Nothing to start: no engine group, no store."""
+        return Started(None, None)
+
+    def new_group(self, name: str, ranks: Any, backend: str, timeout: timedelta,
+                  desc: str) -> Any:
+        """Groups of the fake world have no engine object."""
+        return None
+
+    def ops(self, engine_group: Any, group: Any, failed: Any) -> FakeGroupOps:
+        return FakeGroupOps(group.size())
+
+    def group_members(self, obj: object) -> tuple[list[int], str] | None:
+        """The fake world has no engine groups to adopt."""
+        return None
+
+    def classify(self, err: BaseException) -> FailureKind | None:
+        """Nothing in a simulated world fails on its own."""
+        return None
+
+    def backend_for_device(self, device_type: str, world_backend: str) -> str:
+        return world_backend
+
+    def use_device(self, device_type: str) -> None:
+        """A simulated rank has no device to pick."""
+
+    def rank_array(self, array: Any) -> Any:
+        """As torch's engine gives it (a tensor): a simulated world stands in for a real one."""
+        from . import engine_for
+
+        return engine_for("gloo").rank_array(array)
+
+    def destroy(self) -> None:
+        """Nothing to tear down."""
 
 
-def new_group(name: str, ranks: list[int], backend: str, timeout: timedelta, desc: str) -> Any:
-    """Groups of the fake world have no engine object."""
-    return None
-
-
-def destroy() -> None:
-    """Nothing to tear down."""
-
-
-def is_engine_group(obj: object) -> bool:
-    """The fake world has no engine groups to wrap."""
-    return False
+ENGINE = FakeEngine()

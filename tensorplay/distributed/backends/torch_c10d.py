@@ -1,12 +1,29 @@
-"""The torch.distributed (c10d) engine: gloo on CPU, NCCL on GPU. The only importer of c10d.
+"""The torch.distributed (c10d) engine: gloo on CPU, NCCL on GPU. With
+``torch_collectives.py`` beside it, the only place that imports torch.
 
-Groups are made with c10d's own group helper under a name we derive from the group's ranks
-and backend, so a group's identity never depends on how many groups were made before it
+Groups are made with c10d's own group helper under a name we derive from the group's ranks,
+backend and epoch, so a group's identity never depends on how many groups were made before it
 (torch's new_group names hashed groups with a running count of all groups).
+
+Private torch APIs we rely on (``PRIVATE_APIS``; ``probe()`` checks each one's signature and a
+test runs it, so a torch upgrade fails in a second, naming the torch version, not deep in a
+job):
+
+- ``distributed_c10d._new_process_group_helper``: make a group under our name, on members
+  only, keeping the given rank order;
+- ``distributed_c10d._world.pg_group_ranks``: the group's global -> group rank map, which we
+  write so torch's own calls agree with our (unsorted) rank order;
+- ``distributed_c10d._get_default_store``: the world's store, under file:// init;
+- ``distributed_c10d._world.pg_coalesce_state``: groups inside torch's coalescing manager,
+  whose calls must go through torch's wrapper;
+- ``TCPStore(master_listen_fd=...)``: serve the store on a socket we bound to MASTER_ADDR;
+- ``torch._C._has_torch_function_unary``: whether a tensor overrides torch functions;
+- ``ProcessGroup.allreduce([tensor], AllreduceOptions)``: the c10d call behind all_reduce.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
@@ -14,41 +31,21 @@ import time
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from .. import _arrivals, _env
-from ..errors import BackendError, DistributedTimeoutError
+from .. import _arrivals, _env, _keys
+from .._engine import Capabilities, FailureKind, Started
+from ..errors import BackendError, DistributedTimeoutError, LaunchEnvError, bad_argument
 
-NAME = "torch"
-BACKENDS = ("gloo", "nccl")
-JOINED = "tensorplay/joined/"  # + rank: "<pid> <host>", posted as each rank joins
-OPENED = "tensorplay/opened"  # set by rank 0 in its world's namespace once it serves it
-_worlds_started = 0  # worlds this process has started: the k of their key prefix
+log = logging.getLogger("tensorplay.distributed")
 
 
 def _joined_mark() -> str:
     """What a rank posts as it joins: its pid and host, which the host exchange reads."""
     return f"{os.getpid()} {_env.hostname()}"
-
-
-def default_backend() -> str:
-    """nccl when CUDA is usable, else gloo."""
-    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-
-
-def check_available(backend: str) -> None:
-    """Raise BackendError when this torch build lacks ``backend``."""
-    available = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available()}
-    if not available.get(backend, False):
-        raise BackendError(
-            f"backend={backend!r} is not available in this torch build "
-            f"(gloo: {available['gloo']}, nccl: {available['nccl']}). Fix: use "
-            f"backend='gloo' on CPU, or install a CUDA build of torch for nccl."
-        )
 
 
 def make_tcp_store(
@@ -62,9 +59,7 @@ def make_tcp_store(
     gets its own prefix and reads none of an older world's keys (every rank counts alike,
     SPMD). A client waits for rank 0 to open its world there, so it never joins an old one.
     """
-    global _worlds_started
-    _worlds_started += 1
-    prefix = f"tensorplay/world_{_worlds_started}/"
+    prefix = _keys.world_prefix(_keys.next_world())
     attempt = _env.agent_store_attempt()
     if attempt is not None:
         client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
@@ -72,7 +67,7 @@ def make_tcp_store(
     if rank != 0:
         return _join_opened_world(host, port, world_size, timeout, prefix)
     store = dist.PrefixStore(prefix, _serve(host, port, world_size, timeout))
-    store.set(OPENED, "1")
+    store.set(_keys.OPENED, "1")
     return store
 
 
@@ -123,7 +118,7 @@ def _join_opened_world(
         answered = True
         store = dist.PrefixStore(prefix, client)
         try:
-            store.wait([OPENED], left)
+            store.wait([_keys.OPENED], left)
             return store
         except dist.DistNetworkError:  # that server closed: rank 0 may be starting a new one
             if time.monotonic() < deadline:
@@ -133,7 +128,8 @@ def _join_opened_world(
         break
     raise dist.DistStoreError(
         f"it answered but never opened world {prefix!r}, this process's world number "
-        f"{_worlds_started}; every rank must call init_process_group the same number of times"
+        f"{_keys.worlds_started()}; every rank must call init_process_group the same number "
+        f"of times"
     )
 
 
@@ -158,7 +154,7 @@ def _await_listener(host: str, port: int, deadline: float) -> None:
             pause = min(pause * 2, 0.25)
 
 
-def init_world(
+def start(
     backend: str,
     init_method: str,
     *,
@@ -166,13 +162,13 @@ def init_world(
     world_size: int,
     timeout: timedelta,
     master: tuple[str, int] | None,
-) -> tuple[Any, Any]:
-    """Start c10d's default group; returns (engine group, store).
+) -> Started:
+    """Start c10d's default group on our store (or on torch's, for file://).
 
     A rendezvous that times out says which ranks never joined (each rank marks its arrival
     in the store first).
     """
-    check_available(backend)
+    ENGINE.check_available(backend)
     if master is not None:
         step = f"init_process_group rendezvous at {master[0]}:{master[1]}"
         try:
@@ -184,14 +180,14 @@ def init_world(
                 step, timeout.total_seconds(), [0],
                 f"Rank 0 serves the store there ({_first_line(err)}).",
             ) from err
-        store.set(f"{JOINED}{rank}", _joined_mark())
+        store.set(_keys.joined(rank), _joined_mark())
         try:
             dist.init_process_group(
                 backend, store=store, rank=rank, world_size=world_size, timeout=timeout
             )
         except (RuntimeError, dist.DistError) as err:
             raise DistributedTimeoutError(
-                step, timeout.total_seconds(), absent(store, range(world_size), JOINED),
+                step, timeout.total_seconds(), absent(store, range(world_size)),
                 f"({_first_line(err)})",
             ) from err
     else:
@@ -203,15 +199,15 @@ def init_world(
             timeout=timeout,
         )
         store = c10d._get_default_store()
-        store.set(f"{JOINED}{rank}", _joined_mark())
-    return dist.group.WORLD, store
+        store.set(_keys.joined(rank), _joined_mark())
+    return Started(dist.group.WORLD, store)
 
 
-def absent(store: Any, ranks: Iterable[int], prefix: str) -> list[int] | None:
-    """Those of ``ranks`` that never set ``prefix + rank`` in the store; None if it is gone."""
+def absent(store: Any, ranks: Iterable[int]) -> list[int] | None:
+    """Those of ``ranks`` that never posted their join mark; None if the store is gone."""
     ranks = list(ranks)
     try:
-        return [ranks[i] for i in _arrivals.unset(store, [f"{prefix}{r}" for r in ranks])]
+        return [ranks[i] for i in _arrivals.unset(store, [_keys.joined(r) for r in ranks])]
     except (RuntimeError, dist.DistError):  # rank 0, which serves the store, has left
         return None
 
@@ -220,52 +216,145 @@ def _first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
 
 
-def new_group(name: str, ranks: list[int], backend: str, timeout: timedelta, desc: str) -> Any:
-    """Create a c10d group named ``name`` of ``ranks`` (in this order); members only call it."""
-    check_available(backend)
-    store = c10d._get_default_store()
-    group_rank = ranks.index(dist.get_rank())
-    group, _ = c10d._new_process_group_helper(
-        len(ranks),
-        group_rank,
-        ranks,
-        backend,
-        store,
-        name,
-        timeout=timeout,
-        group_desc=desc,
-    )
-    c10d._world.pg_group_ranks[group] = {g: i for i, g in enumerate(ranks)}
-    return group
+class TorchEngine:
+    """The c10d engine (``_engine.Engine``): gloo and nccl groups, TCPStore, c10d's calls."""
+
+    name = "torch"
+    capabilities = Capabilities(simulated=False, has_store=True, can_abort=False)
+    start = staticmethod(start)
+    _cuda_device: int | None = None  # chosen by the first 'cuda' mesh of a world
+
+    def default_backend(self) -> str:
+        """nccl when CUDA is usable, else gloo."""
+        return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+    def check_available(self, backend: str) -> None:
+        """Raise BackendError when this torch build lacks ``backend``."""
+        available = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available()}
+        if not available.get(backend, False):
+            raise BackendError(
+                f"backend={backend!r} is not available in this torch build "
+                f"(gloo: {available['gloo']}, nccl: {available['nccl']}). Fix: use "
+                f"backend='gloo' on CPU, or install a CUDA build of torch for nccl."
+            )
+
+    def new_group(
+        self, name: str, ranks: Any, backend: str, timeout: timedelta, desc: str
+    ) -> Any:
+        """Create a c10d group named ``name`` of ``ranks`` (in this order); members only."""
+        self.check_available(backend)
+        ranks = ranks.tolist()
+        group, _ = c10d._new_process_group_helper(
+            len(ranks),
+            ranks.index(dist.get_rank()),
+            ranks,
+            backend,
+            c10d._get_default_store(),
+            name,
+            timeout=timeout,
+            group_desc=desc,
+        )
+        c10d._world.pg_group_ranks[group] = {g: i for i, g in enumerate(ranks)}
+        return group
+
+    def ops(self, engine_group: Any, group: Any, failed: Any) -> Any:
+        """The collectives of ``group`` on c10d group ``engine_group``."""
+        from .torch_collectives import TorchGroupOps
+
+        return TorchGroupOps(engine_group, group.backend, group.size(), failed)
+
+    def group_members(self, obj: object) -> tuple[list[int], str] | None:
+        """(ranks in group order, backend) of a torch ProcessGroup made outside the package."""
+        if not isinstance(obj, dist.ProcessGroup):
+            return None
+        return dist.get_process_group_ranks(obj), dist.get_backend(obj)
+
+    def classify(self, err: BaseException) -> FailureKind | None:
+        """What a c10d, gloo or store exception means; the one place that reads their text."""
+        if not isinstance(err, RuntimeError | OSError):
+            return None
+        lowered = str(err).lower()
+        if isinstance(err, dist.DistStoreError) or "timed out" in lowered or "timeout" in lowered:
+            return "timeout"
+        if isinstance(err, dist.DistNetworkError | ConnectionError) or any(
+                s in lowered for s in ("connection", "closed", "reset by peer", "broken pipe")):
+            return "peer_lost"
+        return "other"
+
+    def backend_for_device(self, device_type: str, world_backend: str) -> str:
+        """gloo for a 'cpu' mesh on an nccl world (NCCL moves CUDA tensors only)."""
+        return "gloo" if device_type == "cpu" and world_backend == "nccl" else world_backend
+
+    def use_device(self, device_type: str) -> None:
+        """For a 'cuda' mesh: keep the current CUDA device, else take LOCAL_RANK's; never
+        guess. Chosen once per world, and logged."""
+        if device_type != "cuda" or self._cuda_device is not None:
+            return
+        if not torch.cuda.is_available():
+            raise bad_argument("device_type", "cuda", "CUDA is not available in this process",
+                               "use device_type='cpu', or run where torch.cuda.is_available()")
+        if torch.cuda.is_initialized():
+            self._cuda_device = torch.cuda.current_device()
+            log.info("cuda mesh: keeping the current device cuda:%d", self._cuda_device)
+            return
+        local = _env.local_rank_from_env()
+        if local is None:
+            raise LaunchEnvError(
+                "init_device_mesh('cuda'): no current CUDA device and LOCAL_RANK is not set, "
+                "so the device for this rank is unknown. Fix: launch with tensorplay-run or "
+                "torchrun (they set LOCAL_RANK), or call torch.cuda.set_device(i) first."
+            )
+        self._cuda_device = local % torch.cuda.device_count()
+        torch.cuda.set_device(self._cuda_device)
+        log.info("cuda mesh: set device cuda:%d from LOCAL_RANK=%d", self._cuda_device, local)
+
+    def rank_array(self, array: Any) -> torch.Tensor:
+        """The rank array as an int64 tensor sharing its memory."""
+        return torch.from_numpy(array)
+
+    def destroy(self) -> None:
+        """Tear c10d down (all groups)."""
+        self._cuda_device = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
-def destroy() -> None:
-    """Tear c10d down (all groups)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+ENGINE = TorchEngine()
 
 
-# Groups inside torch's coalescing manager: a call there must be queued by torch's wrapper.
-COALESCING: dict = getattr(c10d._world, "pg_coalesce_state", {})
+def probe() -> list[str]:
+    """Problems with the private torch APIs we use (empty when all is as we rely on).
 
+    Each entry names the API, what we expected and the torch version, so a torch upgrade that
+    breaks one fails here, in a second, and not in the middle of a job.
+    """
+    import inspect
 
-def allreduce_options(op: Any) -> Any:
-    """c10d's options for a blocking all_reduce with ``op``, made once and reused per call."""
-    opts = dist.AllreduceOptions()
-    opts.reduceOp = op
-    if hasattr(opts, "asyncOp"):  # torch >= 2.8 tells the engine the caller will wait
-        opts.asyncOp = False
-    return opts
+    problems: list[str] = []
 
+    def expect(ok: bool, api: str, wanted: str) -> None:
+        if not ok:
+            problems.append(f"torch {torch.__version__}: {api} is not {wanted}")
 
-def is_engine_group(obj: object) -> bool:
-    """True for a c10d ProcessGroup object."""
-    return isinstance(obj, dist.ProcessGroup)
-
-
-def parse_tcp(init_method: str) -> tuple[str, int] | None:
-    """(host, port) of a tcp:// URL, None for other schemes."""
-    url = urlparse(init_method)
-    if url.scheme != "tcp":
-        return None
-    return url.hostname or "127.0.0.1", int(url.port or 0)
+    helper = getattr(c10d, "_new_process_group_helper", None)
+    params = list(inspect.signature(helper).parameters) if callable(helper) else []
+    expect(params[:6] == ["group_size", "group_rank", "global_ranks_in_group", "backend",
+                          "store", "group_name"] and {"timeout", "group_desc"} <= set(params),
+           "distributed_c10d._new_process_group_helper",
+           "(group_size, group_rank, global_ranks_in_group, backend, store, group_name, "
+           "timeout=, group_desc=)")
+    world = getattr(c10d, "_world", None)
+    expect(isinstance(getattr(world, "pg_group_ranks", None), dict),
+           "distributed_c10d._world.pg_group_ranks", "a dict")
+    expect(isinstance(getattr(world, "pg_coalesce_state", None), dict),
+           "distributed_c10d._world.pg_coalesce_state", "a dict")
+    expect(callable(getattr(c10d, "_get_default_store", None)),
+           "distributed_c10d._get_default_store", "a function")
+    expect("master_listen_fd" in (dist.TCPStore.__init__.__doc__ or ""),
+           "TCPStore(master_listen_fd=...)", "an accepted keyword")
+    expect(callable(getattr(torch._C, "_has_torch_function_unary", None)),
+           "torch._C._has_torch_function_unary", "a function")
+    expect(callable(getattr(dist.ProcessGroup, "allreduce", None))
+           and hasattr(dist, "AllreduceOptions"),
+           "ProcessGroup.allreduce with AllreduceOptions", "available")
+    return problems

@@ -1,0 +1,180 @@
+"""The interface an engine meets, and the store it may offer: the seam below the package.
+
+An engine moves the bytes: torch's c10d (gloo, nccl) and the in-process "fake" world today,
+MPI through mpi4py next. Everything above ``backends/`` reaches an engine only through the
+``Engine`` and ``GroupOps`` methods below, found by backend name in the registry
+(``backends/__init__.py``); no module above the engines imports one or tests for its name.
+
+What the package needs of an engine, in the order a job uses it:
+
+1. ``start()`` joins the job's world and returns the engine's world group and its store;
+2. ``new_group()`` makes the group of some ranks, in the given order, on its members only
+   (``ProcessGroup`` wraps it); ``ops()`` binds the collectives to one such group;
+3. ``classify()`` says what one of the engine's exceptions means (a timeout, a lost peer);
+   ``_failures`` turns that into our errors, worded alike for every engine;
+4. ``destroy()`` leaves the world.
+
+``Capabilities`` say what an engine can do, so the package asks "does it have a store?",
+never "is it torch?". An MPI engine (no store, numpy buffers) meets the same Protocol:
+``start`` is MPI's init, ``new_group`` one ``Comm.Split``/``Create_group`` per group,
+``ops`` calls the communicator's collectives, and ``has_store=False`` makes the cross-rank
+check run without a store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from ._mesh_spec import Ranks
+    from .process_group import ProcessGroup, ReduceOp, Work
+
+
+class Store(Protocol):
+    """The key-value verbs the package uses (torch's c10d Store meets it as it is).
+
+    Values are str or bytes when set and bytes when read; every wait is bounded by the
+    timeout the store was made with.
+    """
+
+    def set(self, key: str, value: str | bytes) -> None: ...
+    def get(self, key: str) -> bytes: ...  # waits until the key is set
+    def check(self, keys: list[str]) -> bool: ...  # whether every key is set, without waiting
+    def multi_get(self, keys: list[str]) -> list[bytes]: ...  # waits until all are set
+    def multi_set(self, keys: list[str], values: list[str]) -> None: ...
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes: ...
+    def clone(self) -> Store: ...  # its own connection, for a watcher thread
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do; the package decides by these, never by the engine's name.
+
+    simulated: the world exists only in this process (any rank of any size); nothing moves.
+    has_store: a job-wide key-value store serves the cross-rank check, host map and barrier
+        arrival marks.
+    can_abort: a pending collective can be aborted from another thread (NCCL's abort).
+    """
+
+    simulated: bool
+    has_store: bool
+    can_abort: bool
+
+
+@dataclass(frozen=True)
+class Started:
+    """What ``Engine.start`` returns: the engine's group of the whole world and its store."""
+
+    world_group: Any
+    store: Store | None
+
+
+FailureKind = Literal["timeout", "peer_lost", "other"]
+
+
+class GroupOps(Protocol):
+    """The collectives bound to one engine group, run on a member of it.
+
+    Tensors are the engine's buffers (torch tensors and numpy arrays for torch's c10d).
+    ``src``/``dst`` are global ranks already checked to be members; ``op`` is our ReduceOp (or
+    the engine's own). Each returns a Work when ``async_op`` is set, else None once done.
+    ``what`` names the call in errors. The engine checks its buffers (type, device, dtype,
+    size) and raises our ArgumentError for bad ones.
+    """
+
+    def all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None: ...
+    def broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None: ...
+    def reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None: ...
+    def all_gather(self, tensor_list: list, tensor: Any, async_op: bool) -> Work | None: ...
+    def all_gather_into_tensor(self, output: Any, input: Any, async_op: bool) -> Work | None: ...
+    def reduce_scatter_tensor(
+        self, output: Any, input: Any, op: ReduceOp, async_op: bool
+    ) -> Work | None: ...
+    def all_to_all_single(
+        self, output: Any, input: Any, output_split_sizes: list[int] | None,
+        input_split_sizes: list[int] | None, async_op: bool,
+    ) -> Work | None: ...
+    def gather(self, tensor: Any, gather_list: list | None, dst: int, async_op: bool
+               ) -> Work | None: ...
+    def scatter(self, tensor: Any, scatter_list: list | None, src: int, async_op: bool
+                ) -> Work | None: ...
+    def send(self, tensor: Any, dst: int) -> None: ...
+    def recv(self, tensor: Any, src: int) -> None: ...
+    def barrier(self, async_op: bool) -> Work | None: ...
+
+
+class Engine(Protocol):
+    """One engine: how a world starts, how groups are made and used, how it fails."""
+
+    name: str  # "torch", "fake", ...: for messages and the registry only
+    capabilities: Capabilities
+
+    def default_backend(self) -> str:
+        """The backend to use when the user names none (nccl with CUDA, else gloo)."""
+        ...
+
+    def check_available(self, backend: str) -> None:
+        """Raise BackendError when this installation cannot run ``backend``."""
+        ...
+
+    def start(
+        self,
+        backend: str,
+        init_method: str,
+        *,
+        rank: int,
+        world_size: int,
+        timeout: timedelta,
+        master: tuple[str, int] | None,
+    ) -> Started:
+        """Join the world; post this rank's join mark (``_keys.JOINED``) in the store."""
+        ...
+
+    def new_group(
+        self, name: str, ranks: Ranks, backend: str, timeout: timedelta, desc: str
+    ) -> Any:
+        """The engine group of ``ranks`` in this order, called on members only (a simulated
+        engine must not list them: a group may hold a million ranks)."""
+        ...
+
+    def ops(
+        self, engine_group: Any, group: ProcessGroup,
+        failed: Callable[[BaseException, str], Exception],
+    ) -> GroupOps:
+        """The collectives of ``group`` (whose engine group is ``engine_group``) on a member.
+
+        ``failed(err, what)`` gives the error to raise for the engine's exception ``err`` in
+        collective ``what`` (worded by ``_failures``).
+        """
+        ...
+
+    def group_members(self, obj: object) -> tuple[list[int], str] | None:
+        """(global ranks in group order, backend) of one of the engine's own group objects
+        made outside the package (to adopt it); None when ``obj`` is not one."""
+        ...
+
+    def classify(self, err: BaseException) -> FailureKind | None:
+        """What the engine's exception ``err`` means; None when it is not the engine's."""
+        ...
+
+    def backend_for_device(self, device_type: str, world_backend: str) -> str:
+        """The default backend of a mesh of ``device_type`` in a world on ``world_backend``
+        (torch: gloo for a 'cpu' mesh on an nccl world, since NCCL moves CUDA tensors only)."""
+        ...
+
+    def use_device(self, device_type: str) -> None:
+        """Pick this process's device for a mesh of ``device_type``, once (torch: keep the
+        current CUDA device, else LOCAL_RANK's); raise when it cannot be known."""
+        ...
+
+    def rank_array(self, array: Any) -> Any:
+        """A mesh's rank array (numpy int64) as the engine's users expect it (torch: a
+        tensor)."""
+        ...
+
+    def destroy(self) -> None:
+        """Leave the world: every engine group of it stops working."""
+        ...

@@ -1,0 +1,228 @@
+"""Turn engine and store failures into our errors, naming who died, who is missing, or why.
+
+The engine says what its exception means (``Engine.classify``: a timeout, a lost peer); this
+module words the error the user sees, the same for every engine:
+
+- ``named_failures(world, step)``: a block whose engine failures become
+  DistributedTimeoutError or RankFailedError naming the dead or missing ranks (creating a
+  mesh's groups, exchanging host names);
+- ``collective_error(world, err, what, group)``: the error for a collective that failed;
+- ``store_call(world, step, call)``: one store operation, whose failure means the store's
+  server (rank 0 for env:// and tcp://) has gone;
+- ``diagnose(...)``: the error once a wait failed, from what is known (deaths seen on this
+  host, ranks that never arrived);
+- ``death_watch(world, notify)``: while a rank waits, watch the other ranks of its host
+  (pids gathered at init) and report the first deaths.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from . import _env
+from .errors import (
+    BackendError,
+    DistributedError,
+    DistributedTimeoutError,
+    RankFailedError,
+    rank_words,
+)
+
+if TYPE_CHECKING:
+    from .process_group import ProcessGroup
+    from .world import World
+
+WATCH_S = 0.2  # how often a waiting rank looks for dead ranks on its host
+DEATH_GRACE_S = 1.0  # a peer's socket closes a moment before its process is reaped
+FIX_FAILED = (
+    "Fix: find the first rank that failed in the launcher's output (a crash, an out-of-memory "
+    "kill, a signal) and fix that; then restart the whole job (a world with a dead rank "
+    "cannot be repaired)."
+)
+FIX_LATE = (
+    "Fix: make this rank reach the call sooner (is it doing extra work or stuck before it?), "
+    "or raise the limit with init_process_group(timeout=...) or TENSORPLAY_TIMEOUT; then "
+    "restart the whole job."
+)
+
+Dead = tuple[int, int, str]  # (rank, pid, host) of a rank whose process has gone
+
+
+def engine_said(err: BaseException) -> str:
+    """The first line of the engine's message under ``err``, without its source location."""
+    root = err
+    while root.__cause__ is not None:
+        root = root.__cause__
+    lines = str(root).strip().splitlines()
+    first = re.sub(r"^\[[^\]]*\]\s*", "", lines[0]) if lines else type(root).__name__
+    return first[:240]
+
+
+@contextmanager
+def named_failures(world: World, step: str) -> Iterator[None]:
+    """Inside the block, turn engine and store failures into our errors naming the lost ranks.
+
+    For work that follows a check, such as creating a mesh's groups:
+    ``with named_failures(world, "creating the group of mesh dim 'tp'"): ...``.
+    A timeout becomes DistributedTimeoutError; a broken connection, or a timeout while a peer
+    on this host is dead, becomes RankFailedError naming it.
+    """
+    try:
+        yield
+    except (DistributedTimeoutError, RankFailedError) as err:
+        raise diagnose(world, step, err, isinstance(err, DistributedTimeoutError)) from err
+    except DistributedError:
+        raise
+    except Exception as err:
+        kind = world.engine.classify(err)
+        if kind is None:
+            raise
+        raise diagnose(world, step, err, kind == "timeout") from err
+
+
+def collective_error(world: World, err: BaseException, what: str,
+                     group: ProcessGroup) -> Exception:
+    """The error for collective ``what`` on ``group`` that failed with the engine's ``err``."""
+    kind = world.engine.classify(err)
+    said = engine_said(err)
+    where = f"{what} on {group.label}"
+    if kind == "timeout":
+        return DistributedTimeoutError(where, world.timeout.total_seconds(), None,
+                                       f"Engine said: {said}")
+    if kind == "peer_lost":
+        return RankFailedError(
+            f"{where} failed: a peer rank died or its connection broke. Engine said: {said}. "
+            f"Fix: look for the first rank that failed in the launcher's output."
+        )
+    return BackendError(f"{where} failed: {str(err)[:500]}")
+
+
+def store_call(world: World, step: str, call: Callable[[], Any]) -> Any:
+    """Run one store operation; a failure means the store's server (rank 0 for env:// and
+    tcp://) is gone."""
+    try:
+        return call()
+    except (RuntimeError, OSError) as err:
+        raise RankFailedError(
+            f"{step} failed: the job's store cannot be reached, so the rank serving it "
+            f"(rank 0 for env:// and tcp://) has probably exited or crashed. "
+            f"Engine said: {engine_said(err)}. {FIX_FAILED}",
+            ranks=[0],
+        ) from err
+
+
+def diagnose(
+    world: World,
+    step: str,
+    err: BaseException | None,
+    timed_out: bool,
+    *,
+    dead: list[Dead] | None = None,
+    missing: list[int] | None = None,
+    store_gone: RankFailedError | None = None,
+) -> DistributedError:
+    """The error to raise when ``step`` failed: who died, who never arrived, or who is slow.
+
+    ``dead`` comes from a death notice; else this host's ranks are looked at. ``missing``
+    lists the ranks that never arrived, None when nobody counted arrivals (outside a check).
+    """
+    said = f" Engine said: {engine_said(err)}." if err is not None else ""
+    if dead is None:
+        here = _env.hostname()
+        dead = [(r, p, here) for r, p in
+                dead_on_this_host(world, wait_s=0.0 if timed_out else DEATH_GRACE_S)]
+    never = f"{rank_words(missing)} never arrived at it" if missing else ""
+    if dead:
+        host = dead[0][2]
+        where = "this host" if host == _env.hostname() else f"host {host}"
+        gone = ", ".join(f"rank {r} (pid {pid})" for r, pid, _ in dead)
+        parts = [f"{step} failed: {gone} died (no longer running on {where})"]
+        if never:
+            parts.append(never)
+        return RankFailedError("; ".join(parts) + f".{said} {FIX_FAILED}",
+                               ranks=[r for r, _, _ in dead])
+    if store_gone is not None:
+        return store_gone
+    if timed_out:
+        if missing is None:
+            who = "the other members did not answer"
+        elif not missing:
+            who = "every rank arrived, but the check did not complete (a rank is stuck or slow)"
+        else:
+            who = None
+        return DistributedTimeoutError(step, world.timeout.total_seconds(), missing,
+                                       said.strip(), who=who)
+    parts = [f"{step} failed: the connection to a peer rank broke"]
+    if never:
+        parts.append(never)
+    else:
+        parts.append("no rank on this host died, so a rank on another host probably did")
+    return RankFailedError("; ".join(parts) + f".{said} {FIX_FAILED}", ranks=missing or None)
+
+
+@contextmanager
+def death_watch(world: World, notify: Callable[[list[Dead]], None]) -> Iterator[None]:
+    """Inside the block, watch this host's other ranks; on the first deaths call
+    ``notify(dead)`` once, from a watcher thread (it must not use the waiting connection).
+    """
+    others = {r: p for r, p in (world.host_pids or {}).items() if r != world.rank}
+    if not others:
+        yield
+        return
+    stop = threading.Event()
+    here = _env.hostname()
+
+    def watch() -> None:
+        while not stop.wait(WATCH_S):
+            dead = sorted((r, p) for r, p in others.items() if not running(p))
+            if dead:
+                notify([(r, p, here) for r, p in dead])
+                return
+
+    # _thread, not threading.Thread: Thread.start() blocks until the new thread has run, which
+    # on a busy machine costs more than the whole check
+    _thread.start_new_thread(watch, ())
+    try:
+        yield
+    finally:
+        stop.set()
+
+
+def dead_on_this_host(world: World, wait_s: float) -> list[tuple[int, int]]:
+    """(rank, pid) of the other ranks of this host whose process has gone.
+
+    A peer's sockets close just before its process becomes a zombie, so when ``wait_s`` > 0
+    this looks again for up to that long before answering that none died.
+    """
+    deadline = time.monotonic() + wait_s
+    pids = world.host_pids or {}
+    while True:
+        dead = sorted((r, p) for r, p in pids.items() if r != world.rank and not running(p))
+        if dead or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.05)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True

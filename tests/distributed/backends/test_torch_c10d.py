@@ -1,0 +1,50 @@
+"""The torch engine's seams: the private torch APIs it relies on, and its failure reading."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as tdist
+
+from tensorplay.distributed.backends import torch_c10d
+
+
+def test_every_private_torch_api_we_use_still_has_the_signature_we_rely_on():
+    start = time.monotonic()
+    problems = torch_c10d.probe()
+    assert problems == [], "\n".join(problems)
+    assert time.monotonic() - start < 1.0  # cheap enough to run first in every test run
+
+
+def test_a_changed_private_api_is_named_with_the_torch_version(monkeypatch):
+    from torch.distributed import distributed_c10d as c10d
+
+    monkeypatch.setattr(c10d, "_new_process_group_helper", lambda group_size, ranks: None)
+    monkeypatch.delattr(c10d, "_get_default_store")
+    problems = torch_c10d.probe()
+    assert len(problems) == 2, problems
+    assert problems[0].startswith(f"torch {torch.__version__}: "
+                                  "distributed_c10d._new_process_group_helper is not (")
+    assert problems[1].endswith("_get_default_store is not a function")
+
+
+def test_the_private_apis_are_listed_in_the_engine_docstring():
+    for api in ("_new_process_group_helper", "pg_group_ranks", "_get_default_store",
+                "pg_coalesce_state", "master_listen_fd", "_has_torch_function_unary",
+                "ProcessGroup.allreduce"):
+        assert api in torch_c10d.__doc__, api
+
+
+@pytest.mark.parametrize(("err", "kind"), [
+    (tdist.DistStoreError("wait timeout after 5000ms"), "timeout"),
+    (RuntimeError("[../gloo/transport/tcp/pair.cc:534] Timed out waiting 5000ms"), "timeout"),
+    (tdist.DistNetworkError("failed to recv, got 0 bytes"), "peer_lost"),
+    (RuntimeError("[pair.cc:1] Connection reset by peer"), "peer_lost"),
+    (RuntimeError("Connection closed by peer [127.0.0.1]:4242"), "peer_lost"),
+    (RuntimeError("unsupported dtype"), "other"),
+    (ValueError("not the engine's"), None),
+])
+def test_failures_are_classified_in_one_place(err, kind):
+    assert torch_c10d.ENGINE.classify(err) == kind
