@@ -1,24 +1,28 @@
-"""The planning command: a simulated world, a mesh, its report; clear usage errors (exit 2)."""
+"""The planning command: a mesh on paper, its report; clear usage errors (exit 2); no world."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 import tensorplay.distributed as dist
-from tensorplay.distributed._plan import main
+from tensorplay.distributed.plan import DEVICE_MESH_PROG, main
 
-PLAN = [sys.executable, "-m", "tensorplay.distributed._plan"]
+PLAN = [sys.executable, "-m", "tensorplay.distributed.plan"]
+DEVICE_MESH = [sys.executable, "-m", "tensorplay.distributed.device_mesh"]
+SCRIPT = Path(sys.executable).parent / "tensorplay-plan"
+WORKED = ["--shape", "2,4", "--names", "dp,tp", "--hosts", "2", "--rank", "5"]
 
 
 @pytest.fixture(autouse=True)
 def no_world_left_behind():
     assert not dist.is_initialized()
     yield
-    assert not dist.is_initialized(), "main() must destroy the world it started"
+    assert not dist.is_initialized(), "main() must not leave a world behind"
 
 
 def test_worked_plan_rank_5_of_a_2x4_mesh_on_2_hosts(capsys):
@@ -130,13 +134,25 @@ def test_help_exits_0(capsys):
 
 
 def test_an_existing_world_is_left_alone(capsys):
+    # The plan needs no world, so one already joined neither stops it nor is touched by it.
     dist.init_process_group("fake", rank=0, world_size=4)
     try:
-        assert main(["--shape", "2,4"]) == 2
-        assert "already joined a world" in capsys.readouterr().err
+        assert main(["--shape", "2,4"]) == 0
+        assert capsys.readouterr().out.startswith("DeviceMesh (2, 4) on cpu: 8 ranks")
+        assert dist.is_initialized()
         assert dist.get_world_size() == 4
     finally:
         dist.destroy_process_group()
+
+
+def test_prog_names_the_command_as_invoked(capsys):
+    assert main(["--shape", "2,4", "--rank", "9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: tensorplay-plan ")
+    assert "tensorplay-plan: error: --rank 9: must be in 0..7" in err
+    assert main(["--shape", "2,4", "--world", "16"], prog=DEVICE_MESH_PROG) == 2
+    assert capsys.readouterr().err.startswith(
+        "python -m tensorplay.distributed.device_mesh: error: mesh_shape=(2, 4): holds 8 ranks")
 
 
 def test_runs_as_a_module():
@@ -150,11 +166,52 @@ def test_runs_as_a_module():
     assert "--rank 9: must be in 0..7" in bad.stderr
 
 
+def _check_worked_plan(command: list[str], prog: str) -> None:
+    """Run ``command`` on the worked example and on a bad rank; check the report and the error."""
+    done = subprocess.run([*command, *WORKED], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert out[0] == "DeviceMesh (2, 4) on cpu: 8 ranks"
+    assert "  coordinate     (1, 1)  dp=1, tp=1" in out
+    assert "  0    dp    1           2      [1, 5]" in out
+    assert "  1    tp    1           1      [4, 5, 6, 7]" in out
+    bad = subprocess.run([*command, "--shape", "2,4", "--rank", "9"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2
+    assert f"{prog}: error: --rank 9: must be in 0..7" in bad.stderr
+
+
+def test_runs_as_the_console_script():
+    assert SCRIPT.exists(), f"{SCRIPT} is missing: pip install -e . installs tensorplay-plan"
+    _check_worked_plan([str(SCRIPT)], "tensorplay-plan")
+
+
+def test_runs_as_device_mesh_main_as_documented():
+    # README: python -m tensorplay.distributed.device_mesh --shape 2,4 --names dp,tp ...
+    _check_worked_plan(DEVICE_MESH, "python -m tensorplay.distributed.device_mesh")
+
+
 def test_planning_loads_neither_torch_nor_matplotlib():
-    code = ("import sys; from tensorplay.distributed._plan import main; "
+    code = ("import sys; from tensorplay.distributed.plan import main; "
             "assert main(['--shape', '2,4', '--hosts', '2']) == 0; "
             "print('torch' in sys.modules, 'matplotlib' in sys.modules, file=sys.stderr)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == "False False"
+
+
+def test_planning_needs_no_world_and_no_torch():
+    code = ("import sys\n"
+            "import tensorplay.distributed as dist\n"
+            "assert 'torch' not in sys.modules, 'importing the package loaded torch'\n"
+            "from tensorplay.distributed.plan import main\n"
+            "assert main(['--shape', '4,4', '--hosts', '2', '--round-robin', '--host-aware',\n"
+            "             '--rank', '5']) == 0\n"
+            "print('torch' in sys.modules, dist.is_initialized(),\n"
+            "      'tensorplay.distributed.device_mesh' in sys.modules, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "host-aware: ranks laid out host by host" in done.stdout
+    assert done.stderr.strip() == "False False False"

@@ -1,11 +1,20 @@
-"""The planning command: build a mesh in a simulated world and print what one rank would see.
+"""The planning command: lay out a mesh on paper and print what one rank would see.
 
+    tensorplay-plan --shape 2,4 --names dp,tp --hosts 2 --rank 5
     python -m tensorplay.distributed.device_mesh --shape 2,4 --names dp,tp --hosts 2 --rank 5
 
-starts a "fake" world of 8 ranks as rank 5, builds the (2, 4) mesh with init_device_mesh and
-prints describe(): rank 5 is at (1, 1), its "tp" group is [4, 5, 6, 7] and its "dp" group
-[1, 5], and with 2 hosts all 4 "dp" groups cross hosts while the 2 "tp" groups do not.
---plot mesh.png also draws it; --host-aware lays ranks out host by host first.
+Both print the same report: rank 5 of the (2, 4) mesh is at (1, 1), its "tp" group is
+[4, 5, 6, 7] and its "dp" group [1, 5], and with 2 hosts of 8 // 2 = 4 ranks all 4 "dp" groups
+cross hosts while the 2 "tp" groups do not. --plot mesh.png also draws it; --host-aware lays
+ranks out host by host first (on --hosts 2 --round-robin, a (4, 4) mesh becomes
+[0, 2, ..., 14, 1, 3, ..., 15] and its "tp" groups stay inside one host).
+
+A plan is geometry and text, so no world is started: the arguments are checked by _mesh_args
+as init_device_mesh checks them, the mesh is the MeshSpec init_device_mesh would build (row
+major, or _topology.host_aware_order), the hosts are simulated, and _describe / _plot report
+it. Nothing here imports torch, the world or device_mesh, so a million-rank plan
+(--shape -1,8,8 --world 1048576) costs a second of numpy and device_mesh's __main__ can call
+main() without an import cycle.
 """
 
 from __future__ import annotations
@@ -15,9 +24,24 @@ import math
 import sys
 from collections.abc import Sequence
 
+from . import _mesh_args
+from ._describe import describe
+from ._mesh_spec import MeshSpec
+from ._plot import FORMATS, plot
+from ._topology import (
+    CROSSING_LIMIT,
+    advice,
+    host_aware_order,
+    hosts_round_robin,
+    hosts_simulated,
+)
 from .errors import DistributedError
 
-PROG = "python -m tensorplay.distributed.device_mesh"
+PROG = "tensorplay-plan"
+"""The name in usage and errors when run as the console script (the default)."""
+
+DEVICE_MESH_PROG = "python -m tensorplay.distributed.device_mesh"
+"""The name when run as device_mesh's __main__: main(prog=DEVICE_MESH_PROG)."""
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -36,9 +60,9 @@ def _names(text: str) -> tuple[str, ...]:
     return names
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG,
+        prog=prog,
         description="Plan a device mesh without any hardware: simulate the world, build the "
                     "mesh, and print what one rank sees (coordinate, groups, hosts crossed).",
     )
@@ -60,9 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit status (0 ok, 1 plot failed, 2 bad arguments)."""
-    parser = _parser()
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """Run the command; returns the exit status (0 ok, 1 plot failed, 2 bad arguments).
+
+    ``argv`` defaults to sys.argv[1:]; ``prog`` names the command in usage and errors.
+    """
+    parser = _parser(prog)
     args = list(sys.argv[1:] if argv is None else argv)
     for i in range(len(args) - 1):  # "--shape -1,8" would read -1,8 as an option
         if args[i] == "--shape" and args[i + 1][:2].lstrip("-").isdigit():
@@ -92,67 +119,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _usage(parser, f"--names {','.join(ns.names)}: {len(ns.names)} names for "
                               f"{len(shape)} dims")
     if ns.plot is not None:
-        from ._plot import FORMATS
-
         suffix = ns.plot[ns.plot.rfind("."):].lower() if "." in ns.plot else ""
         if suffix not in FORMATS:
             return _usage(parser, f"--plot {ns.plot}: suffix {suffix or '(none)'!r} is not "
                                   f"one of {', '.join(FORMATS)}")
     try:
-        return _run(ns, shape, world)
+        return _run(ns, shape, world, prog)
     except DistributedError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
 
 
-def _run(ns: argparse.Namespace, shape: tuple[int, ...], world: int) -> int:
-    from . import world as dist
-    from ._describe import describe
-    from ._topology import (
-        CROSSING_LIMIT,
-        advice,
-        host_aware_order,
-        hosts_round_robin,
-        hosts_simulated,
-    )
-    from .device_mesh import DeviceMesh, init_device_mesh
-
+def _run(ns: argparse.Namespace, shape: tuple[int, ...], world: int, prog: str) -> int:
+    """Check as init_device_mesh does, build the spec it would build, report and draw it."""
+    device = _mesh_args.device_type(ns.device)
+    shape = _mesh_args.mesh_shape(shape, world)  # infers the -1: (-1, 8, 8) -> (16384, 8, 8)
+    names = _mesh_args.dim_names(ns.names, len(shape))
     hosts = (hosts_round_robin if ns.round_robin else hosts_simulated)(world, ns.hosts)
-    dist.init_process_group("fake", rank=ns.rank, world_size=world)
-    try:
-        mesh = init_device_mesh(ns.device, shape, mesh_dim_names=ns.names)
-        if ns.host_aware:
-            order = host_aware_order(mesh.shape, hosts)
-            if order is None:
-                print("host-aware: row-major order already keeps the inner dims inside hosts "
-                      "(or hosts cannot be split evenly); keeping it\n")
-            else:
-                import numpy as np
-
-                mesh = DeviceMesh(ns.device, np.array(order).reshape(mesh.shape),
-                                  mesh_dim_names=ns.names)
-                print("host-aware: ranks laid out host by host\n")
-        print(describe(mesh.spec, ns.rank, host_of=hosts, device_type=ns.device))
-        if not ns.host_aware and mesh.size() <= CROSSING_LIMIT \
-                and advice(mesh.spec, hosts) is not None:
-            print("(in this command: add --host-aware)")
-        if ns.plot:
-            from ._plot import plot
-
-            try:
-                written = plot(mesh.spec, ns.plot, host_of=hosts, rank=ns.rank)
-            except ImportError as err:
-                print(f"{PROG}: error: {err}", file=sys.stderr)
-                return 1
-            print(f"\nwrote {written}")
-    finally:
-        dist.destroy_process_group()
+    spec = MeshSpec.row_major(shape, names)
+    if ns.host_aware:
+        order = host_aware_order(shape, hosts)
+        if order is None:
+            print("host-aware: row-major order already keeps the inner dims inside hosts "
+                  "(or hosts cannot be split evenly); keeping it\n")
+        else:
+            spec = MeshSpec.from_ranks(shape, order, names)
+            print("host-aware: ranks laid out host by host\n")
+    print(describe(spec, ns.rank, host_of=hosts, device_type=device))
+    if not ns.host_aware and spec.size <= CROSSING_LIMIT and advice(spec, hosts) is not None:
+        print("(in this command: add --host-aware)")
+    if ns.plot:
+        try:
+            written = plot(spec, ns.plot, host_of=hosts, rank=ns.rank)
+        except ImportError as err:
+            print(f"{prog}: error: {err}", file=sys.stderr)
+            return 1
+        print(f"\nwrote {written}")
     return 0
 
 
 def _usage(parser: argparse.ArgumentParser, message: str) -> int:
     parser.print_usage(sys.stderr)
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    print(f"{parser.prog}: error: {message}", file=sys.stderr)
     return 2
 
 
@@ -161,4 +169,4 @@ def _join(values: Sequence[int]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m tensorplay.distributed.plan"))
