@@ -1,10 +1,28 @@
-"""Shared fixtures: one pool of 8 real gloo ranks for the whole session (spawning is slow)."""
+"""Shared fixtures: one pool of 8 real gloo ranks for the whole session (spawning is slow),
+and the guard of the two test tiers (docs/testing.md)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests import spawn
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects anything: every collected test is seen
+def pytest_collection_modifyitems(config, items):
+    """Keep slow costs out of the daily tier (``-m "not slow"``): a ``faults`` test must also be
+    ``slow``, and so must every user of ``world8``, whose start-up (8 processes importing torch,
+    6-14 s on 2 cores) is paid by whichever test asks for it first."""
+    wrong = []
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            continue
+        if item.get_closest_marker("faults") is not None:
+            wrong.append(f"{item.nodeid}: marked faults, so it must be marked slow too")
+        if "world8" in getattr(item, "fixturenames", ()):
+            wrong.append(f"{item.nodeid}: uses the world8 pool, so it must be marked slow")
+    if wrong:
+        raise pytest.UsageError("tier markers (see docs/testing.md):\n  " + "\n  ".join(wrong))
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 JOB = [sys.executable, "-m", "tensorplay.distributed.run", "--nproc-per-node", "8",
        "examples/train_dp_tp.py"]

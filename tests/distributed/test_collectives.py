@@ -9,6 +9,8 @@ import torch
 import tensorplay.distributed as dist
 from tensorplay.distributed.device_mesh import init_device_mesh
 
+pytestmark = pytest.mark.slow
+
 KINDS = ["torch", "numpy"]
 
 
@@ -228,6 +230,7 @@ def missing_barrier_job(rank: int):
     return "passed"
 
 
+@pytest.mark.faults
 def test_a_barrier_that_times_out_names_who_never_came():
     from tests import spawn
 

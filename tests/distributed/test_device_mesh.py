@@ -9,6 +9,7 @@ from __future__ import annotations
 import pickle
 
 import numpy as np
+import pytest
 import torch
 
 import tensorplay.distributed as dist
@@ -74,18 +75,21 @@ def _check(results, array: np.ndarray):
             assert info["sums"][d] == sum(line)
 
 
+@pytest.mark.slow
 def test_1d_2d_3d_row_major_meshes(world8):
     for shape, names in [((8,), ("dp",)), ((2, 4), ("dp", "tp")), ((2, 2, 2), ("pp", "dp", "tp")),
                          ((4, 2), None)]:
         _check(world8.run(describe_job, shape, names), np.arange(8).reshape(shape))
 
 
+@pytest.mark.slow
 def test_inferred_size_with_minus_one(world8):
     results = world8.run(describe_job, (-1, 2), ("dp", "tp"))
     assert results[0]["shape"] == (4, 2)
     _check(results, np.arange(8).reshape(4, 2))
 
 
+@pytest.mark.slow
 def test_permuted_mesh_local_rank_follows_the_mesh(world8):
     explicit = [[3, 1], [2, 0]]
     results = world8.run(describe_job, None, ("x", "y"), ("list", explicit))
@@ -94,6 +98,7 @@ def test_permuted_mesh_local_rank_follows_the_mesh(world8):
     assert results[0]["group_ranks"] == [1, 1]
 
 
+@pytest.mark.slow
 def test_explicit_and_subset_meshes(world8):
     # torch tensors are built inside the ranks: a tensor sent through a queue is shared memory
     for kind, explicit in (("list", [[7, 6, 5, 4], [3, 2, 1, 0]]), ("numpy", [[4, 6], [5, 7]]),
@@ -120,6 +125,7 @@ def slicing_job(rank: int):
     return out
 
 
+@pytest.mark.slow
 def test_slicing_reuses_groups_and_picks_the_line_through_this_rank(world8):
     array = np.arange(8).reshape(2, 2, 2)
     for rank, out in enumerate(world8.run(slicing_job)):
@@ -165,6 +171,7 @@ def reshape_job(rank: int):
     }
 
 
+@pytest.mark.slow
 def test_flatten_and_unflatten_groups_move_the_right_data(world8):
     array = np.arange(8).reshape(2, 2, 2)
     for rank, out in enumerate(world8.run(reshape_job)):
@@ -205,6 +212,7 @@ def value_job(rank: int):
     }
 
 
+@pytest.mark.slow
 def test_equality_hash_pickle_repr_from_group(world8):
     for rank, out in enumerate(world8.run(value_job)):
         assert out["equal"] and out["made_twice"] == 0
@@ -224,6 +232,7 @@ def backend_job(rank: int):
     return [g.backend for g in mesh.get_all_groups()], _sum_over(mesh.get_group("dp"))
 
 
+@pytest.mark.slow
 def test_backend_override(world8):
     for rank, (backends, total) in enumerate(world8.run(backend_job)):
         assert backends == ["gloo", "gloo"]
@@ -259,6 +268,7 @@ def hosts_job(rank: int):
     return out
 
 
+@pytest.mark.slow
 def test_hosts_are_gathered_and_host_aware_keeps_tp_inside_a_host():
     from tests import spawn
 
@@ -283,6 +293,7 @@ def cuda_job(rank: int):
     return "built"
 
 
+@pytest.mark.slow
 def test_cuda_mesh_without_cuda_says_how_to_fix():
     if torch.cuda.is_available():
         import pytest

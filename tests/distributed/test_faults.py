@@ -20,6 +20,8 @@ import pytest
 
 from tests import spawn
 
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
+
 N = 4
 PG_TIMEOUT_S = 5.0
 ENV_TIMEOUT_S = 3.0  # TENSORPLAY_TIMEOUT in the absent/late job

@@ -28,6 +28,7 @@ def queries_job(rank: int):
     }
 
 
+@pytest.mark.slow
 def test_world_queries_and_new_group_keep_the_given_order(world8):
     for rank, got in enumerate(world8.run(queries_job)):
         assert got["initialized"] and got["rank"] == rank and got["size"] == 8
@@ -49,6 +50,8 @@ def lonely_rendezvous(rank: int):
     return "joined"
 
 
+@pytest.mark.slow
+@pytest.mark.faults
 def test_rendezvous_names_the_rank_that_never_came():
     # ranks 0 and 1 of a world of 3 start; rank 2 never does
     results = spawn.run(lonely_rendezvous, 2, init=False, timeout=90)
@@ -84,6 +87,7 @@ def file_and_tcp_job(rank: int, method: str):
     return x.item(), dist.is_initialized()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["file", "tcp"])
 def test_file_and_tcp_init_methods(tmp_path, scheme):
     method = (f"file://{tmp_path}/rendezvous" if scheme == "file"
@@ -118,6 +122,7 @@ def reinit_job(rank: int):
     return seen
 
 
+@pytest.mark.slow
 def test_a_new_world_after_destroy_listens_again_and_checks_afresh():
     """Rank 0's store closes at destroy; rank 1, connected early to the old one, moves to the
     new one, and the next world's checks see only its own answers."""
@@ -137,6 +142,8 @@ def miscounted_job(rank: int) -> str:
     return "joined"
 
 
+@pytest.mark.slow
+@pytest.mark.faults
 def test_a_rank_that_counted_worlds_differently_is_told_so_not_hung():
     zero, one = spawn.run(miscounted_job, 2, init=False, timeout=60)
     assert "rank 1 had not arrived" in zero
@@ -212,6 +219,7 @@ def epoch_job(rank: int) -> dict:
             "checks": world.spmd.counts().get("check")}
 
 
+@pytest.mark.slow
 def test_ranks_that_open_an_epoch_together_build_and_use_fresh_groups():
     out = spawn.run(epoch_job, 4, timeout=120)
     for rank, result in enumerate(out):
