@@ -1,17 +1,35 @@
 """tensorplay.distributed: process groups on real engines, and the DeviceMesh built on them.
 
     import tensorplay.distributed as dist
-    from tensorplay.distributed.device_mesh import init_device_mesh
+    from tensorplay.distributed import init_device_mesh
 
     dist.init_process_group()                      # gloo on CPU, nccl on GPU
     mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
     dist.all_reduce(x, group=mesh.get_group("tp"))
 """
 
+from typing import TYPE_CHECKING
+
+from .collectives import (
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
+    recv,
+    reduce,
+    reduce_scatter_tensor,
+    scatter,
+    send,
+)
 from .errors import (
+    AlreadyInitializedError,
     ArgumentError,
     ArgumentTypeError,
     BackendError,
+    CallMismatchError,
     DistributedError,
     DistributedTimeoutError,
     LaunchEnvError,
@@ -19,6 +37,7 @@ from .errors import (
     NotAMemberError,
     NotInitializedError,
     RankFailedError,
+    UnknownDimError,
 )
 from .process_group import ProcessGroup, ReduceOp, Work
 from .world import (
@@ -32,35 +51,34 @@ from .world import (
     new_group,
 )
 
-_COLLECTIVES = (
-    "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all_single", "barrier",
-    "broadcast", "gather", "recv", "reduce", "reduce_scatter_tensor", "scatter", "send",
-)
-
+if TYPE_CHECKING:  # what an IDE and a type checker see; loaded on first use below
+    from .device_mesh import DeviceMesh, init_device_mesh
 
 _MESH = ("DeviceMesh", "init_device_mesh")
 
 
 def __getattr__(name: str):
-    """Load the collectives (and torch with them) and the mesh on first use.
-
-    The launcher stays light, and `python -m tensorplay.distributed.device_mesh` runs cleanly.
-    """
-    if name in _COLLECTIVES:
-        from . import collectives as module
-    elif name in _MESH:
-        from . import device_mesh as module
-    else:
+    """Load the mesh on first use, so that ``python -m tensorplay.distributed.device_mesh``
+    (the planning command's old spelling) runs it fresh as ``__main__``."""
+    if name not in _MESH:
         raise AttributeError(f"module 'tensorplay.distributed' has no attribute {name!r}")
-    value = getattr(module, name)
+    from . import device_mesh
+
+    value = getattr(device_mesh, name)
     globals()[name] = value  # later look-ups skip this function
     return value
 
 
+def __dir__() -> list[str]:
+    """Every public name, the lazily loaded mesh included (for dir(), help() and IDEs)."""
+    return sorted(set(globals()) | set(__all__))
+
+
 __all__ = [
-    "ArgumentError", "ArgumentTypeError", "BackendError", "DeviceMesh", "DistributedError",
-    "DistributedTimeoutError", "LaunchEnvError", "MeshMismatchError", "NotAMemberError",
-    "NotInitializedError", "ProcessGroup", "RankFailedError", "ReduceOp", "Work",
+    "AlreadyInitializedError", "ArgumentError", "ArgumentTypeError", "BackendError",
+    "CallMismatchError", "DeviceMesh", "DistributedError", "DistributedTimeoutError",
+    "LaunchEnvError", "MeshMismatchError", "NotAMemberError", "NotInitializedError", "ProcessGroup",
+    "RankFailedError", "ReduceOp", "UnknownDimError", "Work",
     "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all_single", "barrier",
     "broadcast", "destroy_process_group", "gather", "get_backend", "get_process_group_ranks",
     "get_rank", "get_world_size", "init_device_mesh", "init_process_group", "is_initialized",

@@ -1,8 +1,9 @@
 """The checks every engine makes on the buffers handed to a collective, for torch and numpy.
 
 Torch tensors and numpy arrays are both first-class inputs. This module tells them apart
-without importing torch (a tensor exists only if torch was imported already), so a simulated
-world and a torch-free engine check buffers the same way:
+without importing either (a tensor or an array exists only if its library was imported
+already), so a simulated world and a torch-free engine check buffers the same way, and
+importing the package stays light:
 
     kind("x", np.zeros(4))        # 'numpy'
     numel(np.zeros((2, 3)))        # 6
@@ -15,14 +16,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from .errors import bad_argument, bad_type
 
 
 def kind(name: str, value: Any) -> str:
     """'torch' or 'numpy' for a usable buffer; raises for anything else or a read-only array."""
-    if isinstance(value, np.ndarray):
+    if _is_ndarray(value):
         if not value.flags.writeable:
             raise bad_argument(name, "<read-only ndarray>", "is read-only",
                                "pass a writeable array")
@@ -33,9 +32,14 @@ def kind(name: str, value: Any) -> str:
     raise bad_type(name, value, "torch.Tensor or numpy.ndarray", "pass a tensor or array")
 
 
+def _is_ndarray(value: Any) -> bool:
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.ndarray)
+
+
 def numel(value: Any) -> int:
     """Number of elements of a tensor or array."""
-    return value.size if isinstance(value, np.ndarray) else value.numel()
+    return value.size if _is_ndarray(value) else value.numel()
 
 
 def check_numel(name: str, value: Any, expected: int) -> None:

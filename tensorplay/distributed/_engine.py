@@ -72,6 +72,15 @@ class Started:
     store: Store | None
 
 
+@dataclass(frozen=True)
+class Running:
+    """A world the engine runs already, started outside the package."""
+
+    backend: str
+    rank: int
+    world_size: int
+
+
 FailureKind = Literal["timeout", "peer_lost", "other"]
 
 
@@ -133,6 +142,16 @@ class Engine(Protocol):
         """Join the world; post this rank's join mark (``_keys.JOINED``) in the store."""
         ...
 
+    def running(self) -> Running | None:
+        """The engine's world if someone else started it (``torch.distributed`` initialised
+        by Lightning, say); None otherwise. Changes nothing."""
+        ...
+
+    def adopt(self) -> Started:
+        """Join the running world as it is: its world group, and its store under a fresh
+        key prefix; post this rank's join mark there, as ``start`` does."""
+        ...
+
     def new_group(
         self, name: str, ranks: Ranks, backend: str, timeout: timedelta, desc: str
     ) -> Any:
@@ -175,6 +194,7 @@ class Engine(Protocol):
         tensor)."""
         ...
 
-    def destroy(self) -> None:
-        """Leave the world: every engine group of it stops working."""
+    def destroy(self, adopted: bool) -> None:
+        """Leave the world: every engine group we made stops working; the world itself is
+        torn down only when we started it (not ``adopted``)."""
         ...

@@ -31,6 +31,9 @@ from dataclasses import dataclass
 
 from tensorplay.distributed.errors import LaunchEnvError
 
+TENSORPLAY_PROGRESS_S = "TENSORPLAY_PROGRESS_S"
+TENSORPLAY_STRICT = "TENSORPLAY_STRICT"
+DEFAULT_PROGRESS_S = 30.0
 DEFAULT_TIMEOUT_S = 300.0
 
 RANK = "RANK"
@@ -418,17 +421,43 @@ def detect(environ: Mapping[str, str] | None = None) -> LaunchEnv | None:
 
 def timeout_from_env(environ: Mapping[str, str] | None = None) -> float | None:
     """TENSORPLAY_TIMEOUT in seconds (a finite number > 0); None when unset."""
-    text = _get(_environ(environ), TENSORPLAY_TIMEOUT)
+    return _seconds(environ, TENSORPLAY_TIMEOUT, DEFAULT_TIMEOUT_S, "600", minimum_zero=False)
+
+
+def progress_from_env(environ: Mapping[str, str] | None = None) -> float:
+    """TENSORPLAY_PROGRESS_S: how long a call waits before it says what it waits for
+    (default 30 s; 0 turns the notice off)."""
+    seconds = _seconds(environ, TENSORPLAY_PROGRESS_S, DEFAULT_PROGRESS_S, "60",
+                       minimum_zero=True)
+    return DEFAULT_PROGRESS_S if seconds is None else seconds
+
+
+def strict_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    """TENSORPLAY_STRICT=1: check every collective's fingerprint across its group."""
+    text = _get(_environ(environ), TENSORPLAY_STRICT)
+    if text is None or text in ("0", ""):
+        return False
+    if text == "1":
+        return True
+    raise LaunchEnvError(f"{TENSORPLAY_STRICT}={text!r}: expected 1 or 0. Fix: set "
+                         f"{TENSORPLAY_STRICT}=1 to check every collective, or unset it.")
+
+
+def _seconds(environ: Mapping[str, str] | None, name: str, default: float, example: str,
+             minimum_zero: bool) -> float | None:
+    """A duration in seconds read from ``name``; None when unset."""
+    text = _get(_environ(environ), name)
     if text is None:
         return None
     try:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
+    if not (math.isfinite(seconds) and (seconds >= 0 if minimum_zero else seconds > 0)):
+        kind = "non-negative" if minimum_zero else "positive"
         raise LaunchEnvError(
-            f"{TENSORPLAY_TIMEOUT}={text!r}: expected a positive number of seconds. Fix: set it"
-            f" like {TENSORPLAY_TIMEOUT}=600, or unset it for the default {DEFAULT_TIMEOUT_S:g} s."
+            f"{name}={text!r}: expected a {kind} number of seconds. Fix: set it"
+            f" like {name}={example}, or unset it for the default {default:g} s."
         )
     return seconds
 

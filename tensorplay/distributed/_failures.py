@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from . import _env
+from . import _accounting, _env
 from .errors import (
     BackendError,
     DistributedError,
@@ -93,6 +93,10 @@ def collective_error(world: World, err: BaseException, what: str,
     kind = world.engine.classify(err)
     said = engine_said(err)
     where = f"{what} on {group.label}"
+    if kind in ("peer_lost", "timeout"):  # peers that finished left this call waiting?
+        stray = _accounting.check_after_failure(world, group)
+        if stray is not None:
+            return stray
     if kind == "timeout":
         return DistributedTimeoutError(where, world.timeout.total_seconds(), None,
                                        f"Engine said: {said}")

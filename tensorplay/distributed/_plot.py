@@ -24,7 +24,7 @@ PLOT_LIMIT = 4096
 """Largest mesh (in ranks) drawn; beyond it labels are unreadable."""
 
 FORMATS = {".png": "png", ".svg": "svg"}
-INSTALL_HINT = "mesh.plot needs matplotlib: pip install 'tensorplay[plot]'"
+INSTALL_HINT = "mesh.plot needs matplotlib: pip install matplotlib"
 _PALETTES = ("Set3", "Pastel1", "Pastel2", "tab20")
 _OUTLINE, _MINE = "#1f3b73", "#d62728"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _arrays, _arrivals, _keys
+from ._failures import store_call
 from .errors import DistributedTimeoutError, bad_argument, bad_type
 from .process_group import ProcessGroup, ReduceOp, Work
 from .world import current_world, resolve_group
@@ -36,6 +37,7 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | N
     ops = pg.ops  # the hottest call of a training step: one attribute, then the engine
     if ops is None:
         ops = pg.usable("all_reduce()")
+    pg.calls += 1
     return ops.all_reduce(tensor, op, async_op)
 
 
@@ -44,7 +46,9 @@ def broadcast(tensor: Any, src: int, group: ProcessGroup | None = None,
     """Copy global rank ``src``'s ``tensor`` to every member."""
     pg = resolve_group(group, "broadcast()")
     src = _rank_arg("src", src, pg)
-    return pg.usable("broadcast()").broadcast(tensor, src, async_op)
+    ops = pg.usable("broadcast()")
+    pg.calls += 1
+    return ops.broadcast(tensor, src, async_op)
 
 
 def reduce(tensor: Any, dst: int, op: ReduceOp = ReduceOp.SUM,
@@ -52,14 +56,18 @@ def reduce(tensor: Any, dst: int, op: ReduceOp = ReduceOp.SUM,
     """Reduce ``tensor`` across the group into global rank ``dst``'s tensor."""
     pg = resolve_group(group, "reduce()")
     dst = _rank_arg("dst", dst, pg)
-    return pg.usable("reduce()").reduce(tensor, dst, op, async_op)
+    ops = pg.usable("reduce()")
+    pg.calls += 1
+    return ops.reduce(tensor, dst, op, async_op)
 
 
 def all_gather(tensor_list: list, tensor: Any, group: ProcessGroup | None = None,
                async_op: bool = False) -> Work | None:
     """Fill ``tensor_list[i]`` with group rank i's ``tensor``."""
     pg = resolve_group(group, "all_gather()")
-    return pg.usable("all_gather()").all_gather(tensor_list, tensor, async_op)
+    ops = pg.usable("all_gather()")
+    pg.calls += 1
+    return ops.all_gather(tensor_list, tensor, async_op)
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
@@ -70,7 +78,9 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
     Any output shape with the right number of elements works: (size * n,) or (size, n).
     """
     pg = resolve_group(group, "all_gather_into_tensor()")
-    return pg.usable("all_gather_into_tensor()").all_gather_into_tensor(
+    ops = pg.usable("all_gather_into_tensor()")
+    pg.calls += 1
+    return ops.all_gather_into_tensor(
         output_tensor, input_tensor, async_op)
 
 
@@ -79,7 +89,9 @@ def reduce_scatter_tensor(output: Any, input: Any, op: ReduceOp = ReduceOp.SUM,
                           async_op: bool = False) -> Work | None:
     """Reduce ``input`` across members; group rank i gets the i-th equal chunk in ``output``."""
     pg = resolve_group(group, "reduce_scatter_tensor()")
-    return pg.usable("reduce_scatter_tensor()").reduce_scatter_tensor(
+    ops = pg.usable("reduce_scatter_tensor()")
+    pg.calls += 1
+    return ops.reduce_scatter_tensor(
         output, input, op, async_op)
 
 
@@ -90,7 +102,9 @@ def all_to_all_single(
 ) -> Work | None:
     """Split ``input`` along dim 0, send chunk i to group rank i, gather chunks into ``output``."""
     pg = resolve_group(group, "all_to_all_single()")
-    return pg.usable("all_to_all_single()").all_to_all_single(
+    ops = pg.usable("all_to_all_single()")
+    pg.calls += 1
+    return ops.all_to_all_single(
         output, input, output_split_sizes, input_split_sizes, async_op)
 
 
@@ -107,6 +121,7 @@ def gather(tensor: Any, gather_list: list | None = None, dst: int = 0,
                            "pass gather_list=None on the other ranks")
     else:
         gather_list = None
+    pg.calls += 1
     return ops.gather(tensor, gather_list, dst, async_op)
 
 
@@ -120,6 +135,7 @@ def scatter(tensor: Any, scatter_list: list | None = None, src: int = 0,
         _arrays.check_count("scatter_list", scatter_list, pg.size())
     else:
         scatter_list = None
+    pg.calls += 1
     return ops.scatter(tensor, scatter_list, src, async_op)
 
 
@@ -127,7 +143,7 @@ def send(tensor: Any, dst: int, group: ProcessGroup | None = None) -> None:
     """Send ``tensor`` to global rank ``dst`` (blocking)."""
     pg = resolve_group(group, "send()")
     dst = _rank_arg("dst", dst, pg)
-    pg.usable("send()").send(tensor, dst)
+    pg.usable("send()").send(tensor, dst)  # point to point: not counted per group
 
 
 def recv(tensor: Any, src: int, group: ProcessGroup | None = None) -> int:
@@ -147,6 +163,7 @@ def barrier(group: ProcessGroup | None = None, async_op: bool = False) -> Work |
     pg = resolve_group(group, "barrier()")
     ops = pg.usable("barrier()")
     world = current_world("barrier()")
+    pg.calls += 1
     if async_op or world.store is None:
         return ops.barrier(async_op)
     n = world.spmd.next(f"barrier/{pg.name}")
@@ -156,14 +173,11 @@ def barrier(group: ProcessGroup | None = None, async_op: bool = False) -> Work |
         return ops.barrier(False)
     except DistributedTimeoutError as err:
         _arrivals.settle(world.store, mark)
+        step = f"barrier() #{n} on {pg.label}"
         keys = [world.spmd.key(_keys.BARRIER_MARK, group=pg.name, n=n, rank=r)
                 for r in pg.ranks]
-        try:
-            missing = [pg.ranks[i] for i in _arrivals.unset(world.store, keys)]
-        except (RuntimeError, OSError):  # rank 0, which serves the store, has left
-            missing = None
-        raise DistributedTimeoutError(
-            f"barrier() #{n} on {pg.label}", err.timeout_s, missing,
-        ) from err
+        # a store that cannot be reached names the rank that serves it (rank 0), not a timeout
+        unset = store_call(world, step, lambda: _arrivals.unset(world.store, keys))
+        raise DistributedTimeoutError(step, err.timeout_s, [pg.ranks[i] for i in unset]) from err
     finally:
         _arrivals.end()

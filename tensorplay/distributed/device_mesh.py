@@ -24,7 +24,7 @@ from .errors import (
     bad_argument,
 )
 from .process_group import ProcessGroup
-from .world import World, current_world
+from .world import World, current_or_adopted_world, current_world
 
 log = logging.getLogger("tensorplay.distributed")
 
@@ -54,7 +54,7 @@ class DeviceMesh:
         mesh_dim_names: Sequence[str] | None = None,
         backend_override: Any = None,
     ):
-        world = current_world("DeviceMesh()")
+        world = current_or_adopted_world("DeviceMesh()")
         device = args.device_type(device_type)
         shape, ranks = args.explicit_mesh(mesh, world.size)
         names = args.dim_names(mesh_dim_names, len(shape))
@@ -480,7 +480,7 @@ def init_device_mesh(
     One -1 in mesh_shape is inferred from the world size. The mesh is described by shape and
     strides, so building it and answering queries costs O(ndim), whatever the world size.
     """
-    world = current_world("init_device_mesh()")
+    world = current_or_adopted_world("init_device_mesh()")
     device = args.device_type(device_type)
     shape = args.mesh_shape(mesh_shape, world.size)
     names = args.dim_names(mesh_dim_names, len(shape))

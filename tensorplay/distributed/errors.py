@@ -15,6 +15,8 @@ launcher variables missing, malformed or contradictory         LaunchEnvError (V
 init_process_group() while a world is already joined           AlreadyInitializedError
 no world joined, or a group or mesh of a destroyed world       NotInitializedError
 ranks passed different values to a call that must match       MeshMismatchError
+ranks made different collective calls on a group (a stray      CallMismatchError
+  call, or a call another rank skipped)
 a bounded wait expired (names who never arrived)               DistributedTimeoutError
 a peer died or its connection broke (names it when known)      RankFailedError
 the engine is missing a backend, or failed in another way      BackendError
@@ -78,6 +80,32 @@ class MeshMismatchError(DistributedError, RuntimeError):
         for value, ranks in self.values.items():
             lines.append(f"  {value}: passed by {rank_words(ranks)}")
         lines.append("Fix: make the call identical on every rank (SPMD); nothing was created.")
+        super().__init__("\n".join(lines))
+
+
+class CallMismatchError(DistributedError, RuntimeError):
+    """Ranks made different collective calls on one group: a stray or a skipped call.
+
+    ``counts`` maps each number of calls to the ranks that made it; ``calls`` (strict mode)
+    maps each distinct call to the ranks that made it instead.
+    """
+
+    def __init__(self, group: str, counts: Mapping[int, Iterable[int]] | None = None, *,
+                 calls: Mapping[str, Iterable[int]] | None = None, seq: int | None = None):
+        self.group = group
+        self.counts = {n: sorted(r) for n, r in (counts or {}).items()}
+        self.calls = {c: sorted(r) for c, r in (calls or {}).items()}
+        if self.calls:
+            lines = [f"ranks made different calls on {group} at its call #{seq}:"]
+            lines += [f"  {rank_words(ranks)}: {call}" for call, ranks in self.calls.items()]
+        else:
+            by_size = sorted(self.counts.items(), key=lambda item: (len(item[1]), -item[0]))
+            made = "; ".join(f"{rank_words(ranks)} made {n}" for n, ranks in by_size)
+            lines = [f"ranks made different numbers of collective calls on {group}: {made}."]
+        lines.append("Every result on this group since the first difference is wrong (calls pair "
+                     "up in order). Fix: make every member call the same collectives in the "
+                     "same order (SPMD); TENSORPLAY_STRICT=1 names the first call that differs "
+                     "and where it was made.")
         super().__init__("\n".join(lines))
 
 

@@ -82,6 +82,7 @@ class ProcessGroup:
         # the engine's collectives for this group: set by the world on a member, None when
         # this rank cannot use the group (usable() then says why)
         self.ops: GroupOps | None = None
+        self.calls = 0  # collectives this rank made on the group (_accounting compares them)
 
     def size(self) -> int:
         """Number of ranks in the group."""

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from . import _env, _keys, backends
+from . import _accounting, _env, _keys, _progress, backends
 from ._failures import collective_error, named_failures
 from ._layout import Layout
 from ._mesh_spec import Ranks
+from ._strict import StrictOps
 from .errors import (
     AlreadyInitializedError,
     LaunchEnvError,
@@ -29,7 +30,7 @@ from .errors import (
 from .process_group import ProcessGroup, check_ranks_in_world, group_name
 
 if TYPE_CHECKING:
-    from ._engine import Engine, Store
+    from ._engine import Engine, Running, Store
     from ._topology import Hosts
 
 log = logging.getLogger("tensorplay.distributed")
@@ -56,6 +57,8 @@ class World:
     # the store, which dies with rank 0 (often just after its error)
     host_pids: dict[int, int] | None = None
     alive: bool = True
+    adopted: bool = False  # the engine's world was started outside the package
+    strict: bool = False  # check every collective's fingerprint across its group (_strict)
     created: int = 0  # groups this rank has helped create (not counting the world)
     default_group: ProcessGroup = field(init=False)
     _groups: dict[tuple, ProcessGroup] = field(default_factory=dict)
@@ -111,6 +114,8 @@ class World:
         if group.is_member:
             group.ops = self.engine.ops(
                 engine_group, group, lambda err, what: collective_error(self, err, what, group))
+            if self.strict and not self.simulated:
+                group.ops = StrictOps(group.ops, group, self)
         self._groups[(ranks.key(), backend)] = group
         return group
 
@@ -163,11 +168,12 @@ class World:
         don't. Our references to the engine's objects go too, so that rank 0's store server
         closes now and a new world can listen on the same port."""
         self.alive = False
+        _progress.stop()
         for group in self._groups.values():
             group.release()
         self._groups.clear()
         self.world_group = self.store = None
-        self.engine.destroy()
+        self.engine.destroy(self.adopted)
 
 
 _WORLD: World | None = None
@@ -202,6 +208,7 @@ def init_process_group(
     world_size: int = -1,
     rank: int = -1,
     timeout: timedelta | float | None = None,
+    strict: bool | None = None,
 ) -> None:
     """Join the job: every rank calls it once before any mesh or collective.
 
@@ -209,7 +216,9 @@ def init_process_group(
     default nccl when CUDA is usable, else gloo. init_method: "env://" (default; RANK,
     WORLD_SIZE, MASTER_ADDR, MASTER_PORT as tensorplay-run, torchrun, SLURM or mpirun set
     them), "tcp://host:port" or "file:///path". timeout bounds every wait (default 300 s or
-    TENSORPLAY_TIMEOUT).
+    TENSORPLAY_TIMEOUT). strict=True (or TENSORPLAY_STRICT=1) checks, before each
+    collective, that every member of its group makes the same call (one small all-gather per
+    call; see bench/README.md).
     """
     global _WORLD
     if _WORLD is not None:
@@ -217,21 +226,51 @@ def init_process_group(
             "init_process_group: this process already joined a world "
             f"(rank {_WORLD.rank} of {_WORLD.size}). Fix: call destroy_process_group() first."
         )
+    if strict is not None and not isinstance(strict, bool):
+        raise bad_type("strict", strict, "bool", "pass strict=True or leave it out")
+    strict = _env.strict_from_env() if strict is None else strict
+    progress_s = _env.progress_from_env()
+    running = backends.running_world()
+    if running is not None:  # torch.distributed started by Lightning, accelerate, ...
+        _adopt(*running, backend, timeout, strict, progress_s)
+        return
     backend, init_method, rank, world_size, wait = _canonical_args(
         backend, init_method, rank, world_size, timeout)
     engine = backends.engine_for(backend)
     master = None
     if not engine.capabilities.simulated:
-        master = _master_address(init_method, _env.detect())
+        master = _master_address(init_method, _env.detect(), world_size)
     started = engine.start(
         backend, init_method, rank=rank, world_size=world_size, timeout=wait, master=master
     )
-    _WORLD = world = World(rank, world_size, backend, wait, engine, started.store,
-                           world_group=started.world_group)
-    if world.store is not None and world_size > 1:
+    _join(World(rank, world_size, backend, wait, engine, started.store,
+                world_group=started.world_group, strict=strict), progress_s)
+
+
+def _adopt(engine: Engine, found: Running, backend: object, timeout: object,
+           strict: bool, progress_s: float) -> None:
+    """Join the world an engine already runs (same ranks, its store, its world group)."""
+    if backend is not None and backend != found.backend:
+        raise bad_argument("backend", backend, f"differs from the {found.backend!r} world "
+                           "already started", f"pass backend={found.backend!r} or none")
+    wait = to_timedelta(timeout)
+    started = engine.adopt()
+    log.info("adopted the %s world already started: rank %d of %d", found.backend,
+             found.rank, found.world_size)
+    _join(World(found.rank, found.world_size, found.backend, wait, engine, started.store,
+                world_group=started.world_group, adopted=True, strict=strict), progress_s)
+
+
+def _join(world: World, progress_s: float) -> None:
+    """Make ``world`` this process's world and exchange host names through its store."""
+    global _WORLD
+    _WORLD = world
+    _progress.watch(world, progress_s)
+    if world.store is not None and world.size > 1:
         with named_failures(world, "init_process_group(): exchanging host names"):
             world.host_pids = _exchange_hosts(world)
-    log.debug("joined world: rank %d of %d, backend %s", rank, world_size, backend)
+    log.debug("joined world: rank %d of %d, backend %s", world.rank, world.size,
+              world.backend)
 
 
 def _canonical_args(
@@ -312,8 +351,11 @@ def _from_launch(launch: _env.LaunchEnv | None, field: str, var: str) -> int:
     return getattr(launch, field)
 
 
-def _master_address(init_method: str, launch: _env.LaunchEnv | None) -> tuple[str, int] | None:
-    """(host, port) of the rendezvous store for env:// and tcp://; None for file://."""
+def _master_address(
+    init_method: str, launch: _env.LaunchEnv | None, world_size: int
+) -> tuple[str, int] | None:
+    """(host, port) of the rendezvous store for env:// and tcp://; None for file://, and for
+    a world of one rank that was given no address (it has nobody to meet)."""
     if init_method.startswith("file://"):
         return None
     if init_method.startswith("tcp://"):
@@ -327,6 +369,8 @@ def _master_address(init_method: str, launch: _env.LaunchEnv | None) -> tuple[st
         return url.hostname, url.port
     addr = launch.master_addr if launch else None
     port = launch.master_port if launch else None
+    if addr is None and port is None and world_size == 1:
+        return None
     if addr is None or port is None:
         missing = [n for n, v in (("MASTER_ADDR", addr), ("MASTER_PORT", port)) if v is None]
         raise LaunchEnvError(
@@ -335,6 +379,14 @@ def _master_address(init_method: str, launch: _env.LaunchEnv | None) -> tuple[st
             f"(tensorplay-run and torchrun set both), or use init_method='tcp://host:port'."
         )
     return addr, port
+
+
+def current_or_adopted_world(what: str) -> World:
+    """The joined world; when there is none but an engine's world was started outside the
+    package (``torch.distributed.init_process_group``), that world, adopted now."""
+    if _WORLD is None and backends.running_world() is not None:
+        init_process_group()
+    return current_world(what)
 
 
 def current_world(what: str) -> World:
@@ -358,7 +410,10 @@ def destroy_process_group() -> None:
     global _WORLD
     world = current_world("destroy_process_group()")
     _WORLD = None
-    world.close()
+    try:
+        _accounting.check_at_end(world)
+    finally:
+        world.close()
 
 
 def resolve_group(group: ProcessGroup | None, what: str) -> ProcessGroup:

@@ -38,6 +38,7 @@ from tensorplay.distributed.errors import (
 DOC = Path(__file__).resolve().parents[2] / "docs" / "bad_inputs.md"
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                "MASTER_PORT", "TENSORPLAY_TIMEOUT", "TENSORPLAY_LAUNCHER", "GROUP_RANK",
+               "TENSORPLAY_STRICT", "TENSORPLAY_PROGRESS_S",
                "TORCHELASTIC_RUN_ID")
 LAUNCH_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL")
 
@@ -241,6 +242,9 @@ CASES = [
       ArgumentError, "tensor='<read-only ndarray>': is read-only", "tensor"),
     C("gloo-op-as-str", "gloo", "dist.all_reduce(torch.zeros(2), op='sum')",
       ArgumentTypeError, "op='sum': expected tensorplay ReduceOp, got str", "op"),
+    C("gloo-avg-of-ints", "gloo", "dist.all_reduce(np.ones(2, dtype=np.int64), "
+      "op=dist.ReduceOp.AVG)", ArgumentError,
+      "op='ReduceOp.AVG': cannot average torch.int64 values", "op"),
     C("gloo-wrong-numel", "gloo",
       "dist.all_gather_into_tensor(torch.zeros(3), torch.zeros(2))", ArgumentError,
       "output_tensor='<3 elements>': needs 2 elements", "output_tensor"),
@@ -267,6 +271,15 @@ CASES = [
     C("init-timeout-env", "none", "dist.init_process_group('fake', rank=0, world_size=2)",
       LaunchEnvError, "TENSORPLAY_TIMEOUT='soon': expected a positive number of seconds",
       "TENSORPLAY_TIMEOUT", env={"TENSORPLAY_TIMEOUT": "soon"}),
+    C("init-strict-not-bool", "none",
+      "dist.init_process_group('fake', rank=0, world_size=2, strict='yes')", ArgumentTypeError,
+      "strict='yes': expected bool, got str", "strict"),
+    C("init-strict-env", "none", "dist.init_process_group('fake', rank=0, world_size=2)",
+      LaunchEnvError, "TENSORPLAY_STRICT='yes': expected 1 or 0", "TENSORPLAY_STRICT",
+      env={"TENSORPLAY_STRICT": "yes"}),
+    C("init-progress-env", "none", "dist.init_process_group('fake', rank=0, world_size=2)",
+      LaunchEnvError, "TENSORPLAY_PROGRESS_S='-1': expected a non-negative number of seconds",
+      "TENSORPLAY_PROGRESS_S", env={"TENSORPLAY_PROGRESS_S": "-1"}),
     C("init-method-scheme", "none",
       "dist.init_process_group('gloo', 'http://127.0.0.1:1', rank=0, world_size=1)",
       ArgumentError, "init_method='http://127.0.0.1:1': unknown scheme", "init_method"),
@@ -276,7 +289,7 @@ CASES = [
     C("init-method-not-str", "none",
       "dist.init_process_group('gloo', 5, rank=0, world_size=1)", ArgumentTypeError,
       "init_method=5: expected str, got int", "init_method"),
-    C("init-env-no-master", "none", "dist.init_process_group('gloo', rank=0, world_size=1)",
+    C("init-env-no-master", "none", "dist.init_process_group('gloo', rank=0, world_size=2)",
       LaunchEnvError, "init_process_group(init_method='env://'): MASTER_ADDR and MASTER_PORT "
       "not set", "MASTER_ADDR"),
     C("init-no-rank", "none", "dist.init_process_group('fake')", LaunchEnvError,

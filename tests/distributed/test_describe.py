@@ -223,7 +223,7 @@ def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ImportError) as info:
         plot(DP_TP, tmp_path / "mesh.png")
-    assert str(info.value) == "mesh.plot needs matplotlib: pip install 'tensorplay[plot]'"
+    assert str(info.value) == "mesh.plot needs matplotlib: pip install matplotlib"
     assert str(info.value) == INSTALL_HINT
     assert not (tmp_path / "mesh.png").exists()
 

@@ -97,7 +97,7 @@ def test_plot_is_written(capsys, tmp_path):
 def test_plot_without_matplotlib_fails_with_the_install_hint(capsys, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert main(["--shape", "2,4", "--plot", str(tmp_path / "m.svg")]) == 1
-    assert "mesh.plot needs matplotlib: pip install 'tensorplay[plot]'" in \
+    assert "mesh.plot needs matplotlib: pip install matplotlib" in \
         capsys.readouterr().err
 
 

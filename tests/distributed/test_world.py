@@ -226,3 +226,38 @@ def test_ranks_that_open_an_epoch_together_build_and_use_fresh_groups():
         assert result["fresh"] and "-e1-" in result["name"], result
         assert result["sum"] == (1.0 if rank < 2 else 5.0), result  # tp rows [0, 1], [2, 3]
         assert result["checks"] == 1, result  # the new epoch's first cross-rank check
+
+
+def test_one_rank_needs_no_address(monkeypatch):
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    import torch
+
+    dist.init_process_group("gloo", rank=0, world_size=1, timeout=30)
+    try:
+        x = torch.ones(2)
+        dist.all_reduce(x)
+        assert x.tolist() == [1.0, 1.0] and dist.get_world_size() == 1
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_port_in_use_is_said_at_once_not_as_a_timeout(monkeypatch):
+    import socket
+    import time
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        for name, value in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("WORLD_SIZE", "2"),
+                            ("MASTER_PORT", str(taken.getsockname()[1]))):
+            monkeypatch.setenv(name, value)
+        start = time.monotonic()
+        with pytest.raises(dist.BackendError, match=r"rank 0 cannot listen on 127\.0\.0\.1:\d+ "
+                           r"for the rendezvous store: \[Errno 98\] Address already in use"):
+            dist.init_process_group("gloo", timeout=60)
+        assert time.monotonic() - start < 10
+        assert not dist.is_initialized()
+    finally:
+        taken.close()

@@ -12,10 +12,11 @@ changes.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .._engine import Engine
+    from .._engine import Engine, Running
 
 # backend -> (engine name, module under backends/)
 _REGISTRY: dict[str, tuple[str, str]] = {
@@ -24,6 +25,9 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "fake": ("fake", "fake"),
 }
 BACKENDS: tuple[str, ...] = tuple(_REGISTRY)
+# engine module -> the module whose presence in sys.modules means a world may already run
+# there (started outside this package, e.g. by Lightning or accelerate)
+_ADOPTABLE = {"torch_c10d": "torch.distributed"}
 DEFAULT_ENGINE_MODULE = "torch_c10d"  # asked for the default backend when none is named
 _loaded: dict[str, Engine] = {}
 
@@ -42,6 +46,18 @@ def engine_for(backend: str) -> Engine:
 def default_backend() -> str:
     """The backend a world starts on when the user names none."""
     return _load(DEFAULT_ENGINE_MODULE).default_backend()
+
+
+def running_world() -> tuple[Engine, Running] | None:
+    """An engine whose world was started outside this package, and that world; None when
+    there is none (imports no engine that is not loaded already)."""
+    for module, marker in _ADOPTABLE.items():
+        if marker in sys.modules:
+            engine = _load(module)
+            found = engine.running()
+            if found is not None:
+                return engine, found
+    return None
 
 
 def _load(module: str) -> Engine:

@@ -125,7 +125,14 @@ class FakeEngine:
 
         return engine_for("gloo").rank_array(array)
 
-    def destroy(self) -> None:
+    def running(self) -> None:
+        """A simulated world is never started outside the package."""
+        return None
+
+    def adopt(self) -> Started:
+        raise AssertionError("unreachable: running() is always None")
+
+    def destroy(self, adopted: bool) -> None:
         """Nothing to tear down."""
 
 

@@ -37,8 +37,14 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from .. import _arrivals, _env, _keys
-from .._engine import Capabilities, FailureKind, Started
-from ..errors import BackendError, DistributedTimeoutError, LaunchEnvError, bad_argument
+from .._engine import Capabilities, FailureKind, Running, Started
+from ..errors import (
+    BackendError,
+    DistributedError,
+    DistributedTimeoutError,
+    LaunchEnvError,
+    bad_argument,
+)
 
 log = logging.getLogger("tensorplay.distributed")
 
@@ -171,25 +177,31 @@ def start(
     ENGINE.check_available(backend)
     if master is not None:
         step = f"init_process_group rendezvous at {master[0]}:{master[1]}"
+        began = time.monotonic()
         try:
             store = make_tcp_store(
                 master[0], master[1], rank=rank, world_size=world_size, timeout=timeout
             )
+        except DistributedError:
+            raise  # rank 0 could not listen: already our words
         except (RuntimeError, dist.DistError) as err:
-            raise DistributedTimeoutError(
-                step, timeout.total_seconds(), [0],
-                f"Rank 0 serves the store there ({_first_line(err)}).",
-            ) from err
+            raise _rendezvous_error(step, err, began, timeout, [0], "Rank 0 serves the "
+                                    "store there: it has not started, has exited, or listens "
+                                    "on another address or port.") from err
         store.set(_keys.joined(rank), _joined_mark())
         try:
             dist.init_process_group(
                 backend, store=store, rank=rank, world_size=world_size, timeout=timeout
             )
         except (RuntimeError, dist.DistError) as err:
-            raise DistributedTimeoutError(
-                step, timeout.total_seconds(), absent(store, range(world_size)),
-                f"({_first_line(err)})",
-            ) from err
+            raise _rendezvous_error(step, err, began, timeout,
+                                    absent(store, range(world_size)), "") from err
+    elif init_method.startswith("env://"):  # one rank given no address: nobody to meet
+        store = dist.HashStore()
+        store.set_timeout(timeout)
+        store.set(_keys.joined(rank), _joined_mark())
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timeout)
     else:
         dist.init_process_group(
             backend,
@@ -200,7 +212,27 @@ def start(
         )
         store = c10d._get_default_store()
         store.set(_keys.joined(rank), _joined_mark())
+    ENGINE.group_store = c10d._get_default_store()
     return Started(dist.group.WORLD, store)
+
+
+def _rendezvous_error(step: str, err: BaseException, began: float, timeout: timedelta,
+                      missing: list[int] | None, about: str) -> DistributedError:
+    """The error of a rendezvous that failed: a timeout only when the wait really expired;
+    else what the engine said, after how long, and who had not joined."""
+    elapsed = time.monotonic() - began
+    said = _first_line(err)
+    if ENGINE.classify(err) == "timeout" and elapsed >= 0.5 * timeout.total_seconds():
+        who = None
+        if missing == []:
+            who = ("every rank reached the store, but the engine's own connections did not "
+                   "complete (check that each host advertises an address the others reach)")
+        return DistributedTimeoutError(step, timeout.total_seconds(), missing,
+                                       f"{about} Engine said: {said}".strip(), who=who)
+    never = f" Not joined: ranks {missing}." if missing else ""
+    return BackendError(f"{step} failed after {elapsed:.1f} s: {said}.{never} {about} Fix: "
+                        f"start every rank with the same MASTER_ADDR and MASTER_PORT, and "
+                        f"read the first error of the first rank that failed.".replace("  ", " "))
 
 
 def absent(store: Any, ranks: Iterable[int]) -> list[int] | None:
@@ -222,7 +254,10 @@ class TorchEngine:
     name = "torch"
     capabilities = Capabilities(simulated=False, has_store=True, can_abort=False)
     start = staticmethod(start)
-    _cuda_device: int | None = None  # chosen by the first 'cuda' mesh of a world
+    def __init__(self) -> None:
+        self._cuda_device: int | None = None  # chosen by the first 'cuda' mesh of a world
+        self._made: list[Any] = []  # the c10d groups we made in the current world
+        self.group_store: Any = None  # where our groups meet: set by start() and adopt()
 
     def default_backend(self) -> str:
         """nccl when CUDA is usable, else gloo."""
@@ -249,12 +284,13 @@ class TorchEngine:
             ranks.index(dist.get_rank()),
             ranks,
             backend,
-            c10d._get_default_store(),
+            self.group_store,
             name,
             timeout=timeout,
             group_desc=desc,
         )
         c10d._world.pg_group_ranks[group] = {g: i for i, g in enumerate(ranks)}
+        self._made.append(group)
         return group
 
     def ops(self, engine_group: Any, group: Any, failed: Any) -> Any:
@@ -312,11 +348,32 @@ class TorchEngine:
         """The rank array as an int64 tensor sharing its memory."""
         return torch.from_numpy(array)
 
-    def destroy(self) -> None:
-        """Tear c10d down (all groups)."""
+    def running(self) -> Running | None:
+        """torch.distributed's world when someone else initialised it."""
+        if not dist.is_initialized():
+            return None
+        return Running(dist.get_backend(), dist.get_rank(), dist.get_world_size())
+
+    def adopt(self) -> Started:
+        """torch.distributed's world group, and its store under a fresh key prefix."""
+        store = dist.PrefixStore(_keys.world_prefix(_keys.next_world()),
+                                 c10d._get_default_store())
+        store.set(_keys.joined(dist.get_rank()), _joined_mark())
+        self.group_store = store  # our groups' keys stay under our prefix, apart from its own
+        return Started(dist.group.WORLD, store)
+
+    def destroy(self, adopted: bool) -> None:
+        """Tear c10d down: every group, or in an adopted world only the groups we made (its
+        owner tears the world down)."""
         self._cuda_device = None
-        if dist.is_initialized():
+        made, self._made, self.group_store = self._made, [], None
+        if not dist.is_initialized():
+            return
+        if not adopted:
             dist.destroy_process_group()
+            return
+        for group in made:
+            dist.destroy_process_group(group)
 
 
 ENGINE = TorchEngine()

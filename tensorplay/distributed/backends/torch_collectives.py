@@ -41,6 +41,7 @@ def _allreduce_options(op: Any) -> Any:
 _TORCH_OPS_BY_ID = {id(ours): theirs for ours, theirs in _TORCH_OPS.items()}
 _ALLREDUCE_OPTS_BY_ID = {id(ours): _allreduce_options(theirs) for ours, theirs in
                          _TORCH_OPS.items()}
+_AVG_ID = id(ReduceOp.AVG)
 _has_torch_function = torch._C._has_torch_function_unary
 # Groups inside torch's coalescing manager: a call there must be queued by torch's wrapper.
 _COALESCING: dict = getattr(c10d._world, "pg_coalesce_state", {})
@@ -103,13 +104,17 @@ def _check_device(tensor: torch.Tensor, name: str, backend: str) -> None:
         )
 
 
-def _op(op: object) -> Any:
+def _op(op: object, tensor: torch.Tensor) -> Any:
+    """torch's op for ours, refusing an average of integers (torch would fail on a cast)."""
     torch_op = _TORCH_OPS_BY_ID.get(id(op))  # Enum hashing runs Python code; id() does not
-    if torch_op is not None:
-        return torch_op
-    if isinstance(op, dist.ReduceOp.RedOpType):
-        return op
-    raise bad_type("op", op, "tensorplay ReduceOp", "pass e.g. ReduceOp.SUM")
+    if torch_op is None:
+        if not isinstance(op, dist.ReduceOp.RedOpType):
+            raise bad_type("op", op, "tensorplay ReduceOp", "pass e.g. ReduceOp.SUM")
+        torch_op = op
+    if torch_op == dist.ReduceOp.AVG and not (tensor.is_floating_point() or tensor.is_complex()):
+        raise bad_argument("op", "ReduceOp.AVG", f"cannot average {tensor.dtype} values",
+                           "use ReduceOp.SUM and divide, or convert to a floating dtype")
+    return torch_op
 
 
 def _finish(buffers: Sequence[_Buffer]) -> None:
@@ -164,6 +169,7 @@ class TorchGroupOps:
     def all_reduce(self, tensor: Any, op: Any, async_op: bool) -> Work | None:
         opts = _ALLREDUCE_OPTS_BY_ID.get(id(op))
         if (opts is not None and type(tensor) is torch.Tensor
+                and (id(op) != _AVG_ID or tensor.is_floating_point())
                 and not async_op and tensor.is_contiguous()
                 and (tensor.is_cpu and tensor.dtype in _GLOO_DTYPES if self._gloo
                      else tensor.is_cuda and not tensor.is_complex())
@@ -179,8 +185,8 @@ class TorchGroupOps:
             except RuntimeError as err:
                 raise self._failed(err, "all_reduce()") from err
             return None
-        torch_op = _op(op)
         buf = self._buffer(tensor, "tensor")
+        torch_op = _op(op, buf.tensor)
         return self._run("all_reduce()", async_op, [buf], lambda g: dist.all_reduce(
             buf.tensor, op=torch_op, group=g, async_op=async_op))
 
@@ -191,7 +197,7 @@ class TorchGroupOps:
 
     def reduce(self, tensor: Any, dst: int, op: Any, async_op: bool) -> Work | None:
         buf = self._buffer(tensor, "tensor")
-        torch_op = _op(op)
+        torch_op = _op(op, buf.tensor)
         return self._run("reduce()", async_op, [buf], lambda g: dist.reduce(
             buf.tensor, dst=dst, op=torch_op, group=g, async_op=async_op))
 
@@ -213,7 +219,7 @@ class TorchGroupOps:
         out = self._buffer(output, "output")
         inp = self._buffer(input, "input")
         _arrays.check_numel("input", inp.tensor, out.tensor.numel() * self._size)
-        torch_op = _op(op)
+        torch_op = _op(op, inp.tensor)
         return self._run("reduce_scatter_tensor()", async_op, [out], lambda g: _SCATTER_FROM(
             out.tensor.view(-1), inp.tensor.view(-1), op=torch_op, group=g, async_op=async_op))
 

@@ -1,0 +1,99 @@
+"""Collective accounting: every rank counts its calls on each group, and a difference is named.
+
+A stray collective (one rank calls all_reduce once more than its peers) pairs with the peers'
+next call: gloo and NCCL move the bytes and every later sum is silently wrong. Counting costs
+one integer increment per call (``group.calls``, in ``collectives.py``). The counts are
+compared through the store when the job ends or fails:
+
+- ``destroy_process_group()``: each rank posts its count of every group it is in; the first
+  member of each group waits a moment (``GRACE_S``) for the others' counts and raises
+  CallMismatchError when they differ. A member still missing then is only logged: it may be
+  slow to finish, or stuck in the stray call, which it reports itself:
+- a collective that fails (a peer left while this rank still waited in it): the rank posts its
+  count and compares it with those posted, so the rank that made the extra call names itself.
+
+On the (2, 4) mesh of the main job, rank 0 calling all_reduce on "tp" once more than ranks 1-3
+ends with: "rank 0 made 11 collective calls on the 'tp' group [0-3]; ranks 1-3 made 10".
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import suppress
+from typing import TYPE_CHECKING
+
+from . import _arrivals, _keys
+from .errors import CallMismatchError, rank_words
+
+if TYPE_CHECKING:
+    from .process_group import ProcessGroup
+    from .world import World
+
+log = logging.getLogger("tensorplay.distributed")
+GRACE_S = 2.0  # how long a group's first member waits for the others' counts at the end
+_LARGEST = 4096  # groups larger than this are not compared (reading N counts costs O(N))
+
+
+def post(world: World, groups: list[ProcessGroup]) -> None:
+    """Post this rank's call count of each of ``groups`` (best effort: the store may be gone)."""
+    if world.store is None:
+        return
+    keys = [_key(world, g, world.rank) for g in groups]
+    with suppress(RuntimeError, OSError):
+        world.store.multi_set(keys, [str(g.calls) for g in groups])
+
+
+def check_at_end(world: World) -> None:
+    """At destroy: post every count; each group's first member compares its group's counts.
+
+    Raises CallMismatchError for the first group whose posted counts differ.
+    """
+    if world.store is None or world.size == 1:
+        return
+    mine = [g for g in world.groups() if g.is_member and g.size() > 1]
+    post(world, mine)
+    for group in mine:
+        if group.rank() == 0 and group.size() <= _LARGEST:
+            error = mismatch(world, group, wait_s=min(GRACE_S, world.timeout.total_seconds()))
+            if error is not None:
+                raise error
+
+
+def check_after_failure(world: World, group: ProcessGroup) -> CallMismatchError | None:
+    """After a collective on ``group`` failed: post this rank's count and compare with those
+    posted; the error naming who made more or fewer calls, or None."""
+    if world.store is None or group.size() > _LARGEST:
+        return None
+    post(world, [group])
+    return mismatch(world, group, wait_s=0.0)
+
+
+def mismatch(world: World, group: ProcessGroup, wait_s: float) -> CallMismatchError | None:
+    """Compare the members' posted counts of ``group`` (waiting up to ``wait_s`` for all)."""
+    keys = [_key(world, group, r) for r in group.ranks]
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            unset = _arrivals.unset(world.store, keys)
+            if not unset or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        present = [i for i in range(len(keys)) if i not in set(unset)]
+        counts = [int(v) for v in world.store.multi_get([keys[i] for i in present])]
+    except (RuntimeError, OSError):  # the store is gone: nothing to compare
+        return None
+    if unset:
+        log.warning("collective accounting: %s had not posted their call counts on %s "
+                    "within %g s; they were not compared", rank_words(
+                        [group.ranks[i] for i in unset]), group.label, wait_s)
+    by_count: dict[int, list[int]] = {}
+    for i, count in zip(present, counts, strict=True):
+        by_count.setdefault(count, []).append(group.ranks[i])
+    if len(by_count) < 2:
+        return None
+    return CallMismatchError(group.label, by_count)
+
+
+def _key(world: World, group: ProcessGroup, rank: int) -> str:
+    return world.spmd.key(_keys.CALLS, group=group.name, rank=rank)

@@ -1,0 +1,108 @@
+"""Strict mode: before each collective, the members of its group check they make the same call.
+
+Opt in with ``TENSORPLAY_STRICT=1`` or ``init_process_group(strict=True)``. Each call's
+fingerprint (the collective, the group's call number, each buffer's shape and dtype, the op,
+src or dst, and the call site in the user's code) is hashed to 8 bytes, and the members
+all-gather the hashes on the group itself before the call runs. When they differ, each
+member posts its fingerprint's words in the store and every member raises the same
+CallMismatchError, e.g. on the main job's "tp" group [0-3]::
+
+    ranks made different calls on the 'tp' group [0-3] at its call #6:
+      rank 0: all_reduce((4, 8) float64, SUM) at train.py:41
+      ranks 1-3: all_reduce((4, 8) float64, SUM) at train.py:44
+
+The price is one small all-gather per call (measured in bench/README.md). A simulated world
+moves nothing, so it is never strict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import _keys
+from ._failures import store_call
+from .errors import CallMismatchError
+from .process_group import ReduceOp
+
+if TYPE_CHECKING:
+    from ._engine import GroupOps
+    from .process_group import ProcessGroup
+    from .world import World
+
+_PACKAGE = str(Path(__file__).resolve().parent)
+_POINT_TO_POINT = ("send", "recv")
+
+
+class StrictOps:
+    """A group's collectives, each preceded by the members' check of its fingerprint."""
+
+    def __init__(self, inner: GroupOps, group: ProcessGroup, world: World):
+        self._inner, self._group, self._world = inner, group, world
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        call = getattr(self._inner, name)
+        if name in _POINT_TO_POINT:  # two members, not the group: nothing to compare
+            return call
+
+        def checked(*args: Any) -> Any:
+            self._check(f"{name}({', '.join(_words(a) for a in args if _words(a))})")
+            return call(*args)
+
+        return checked
+
+    def _check(self, call: str) -> None:
+        import numpy as np
+
+        group, world = self._group, self._world
+        n = group.calls
+        text = f"{call} at {_call_site()}"
+        digest = hashlib.sha256(f"{n} {call}".encode()).digest()  # the call site may differ
+        mine = np.array([int.from_bytes(digest[:8], "little", signed=True)], dtype=np.int64)
+        every = np.zeros(group.size(), dtype=np.int64)
+        self._inner.all_gather_into_tensor(every, mine, False)
+        if (every == every[0]).all():
+            return
+        by_digest: dict[int, list[int]] = {}
+        for member, value in zip(group.ranks, every.tolist(), strict=True):
+            by_digest.setdefault(value, []).append(member)
+        firsts = [ranks[0] for ranks in by_digest.values()]
+        step = f"strict check of call #{n} on {group.label}"
+        store = world.store
+        key = world.spmd.key
+        if world.rank in firsts:
+            store_call(world, step, lambda: store.set(
+                key(_keys.STRICT_CALL, group=group.name, n=n, rank=world.rank), text))
+        texts = store_call(world, step, lambda: store.multi_get(
+            [key(_keys.STRICT_CALL, group=group.name, n=n, rank=r) for r in firsts]))
+        raise CallMismatchError(group.label, seq=n, calls={
+            t.decode(): ranks for t, ranks in zip(texts, by_digest.values(), strict=True)})
+
+
+def _words(value: Any) -> str:
+    """How a collective's argument shows in its fingerprint: shapes and dtypes, not data."""
+    if value is None or isinstance(value, bool):
+        return ""
+    if isinstance(value, ReduceOp):
+        return value.name
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return f"[{len(value)} x {_words(value[0])}]" if value else "[]"
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"{tuple(shape)} {value.dtype}"
+    return type(value).__name__
+
+
+def _call_site() -> str:
+    """file:line of the innermost frame outside this package: the user's call."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"

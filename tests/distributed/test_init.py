@@ -1,0 +1,68 @@
+"""The package's front door as an IDE, help() and a type checker see it."""
+
+from __future__ import annotations
+
+import os
+import pydoc
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tensorplay.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[2]
+USER_SCRIPT = '''
+import torch
+
+import tensorplay.distributed as dist
+from tensorplay.distributed import init_device_mesh
+
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+x = torch.ones(4)
+dist.all_reduce(x, group=mesh.get_group("tp"))
+rank: int = dist.get_rank()
+'''
+# torch and numpy are not what is checked here: skip following them (mypy would take minutes)
+MYPY_CONFIG = """
+[mypy]
+follow_imports = silent
+[mypy-torch.*]
+follow_imports = skip
+[mypy-numpy.*]
+follow_imports = skip
+"""
+
+
+def test_dir_and_help_list_the_whole_api():
+    names = dir(dist)
+    for name in ("all_reduce", "barrier", "DeviceMesh", "init_device_mesh", "new_group",
+                 "CallMismatchError", "AlreadyInitializedError", "UnknownDimError"):
+        assert name in names, name
+    text = pydoc.render_doc(dist, renderer=pydoc.plaintext)
+    assert "all_reduce(" in text and "init_device_mesh(" in text and "class DeviceMesh" in text
+
+
+def test_the_package_is_marked_typed():
+    assert (ROOT / "tensorplay" / "distributed" / "py.typed").exists()
+    assert '"tensorplay.distributed" = ["py.typed"]' in (ROOT / "pyproject.toml").read_text()
+
+
+def _mypy(tmp_path: Path, script: str) -> subprocess.CompletedProcess:
+    (tmp_path / "user.py").write_text(script)
+    (tmp_path / "mypy.ini").write_text(MYPY_CONFIG)
+    env = dict(os.environ, MYPYPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", "mypy.ini",
+                           "--no-incremental", "user.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_type_checker_accepts_a_user_script_and_reports_a_typo(tmp_path):
+    pytest.importorskip("mypy", reason="mypy comes with the [test] extra")
+    good = _mypy(tmp_path, USER_SCRIPT)
+    assert good.returncode == 0, good.stdout + good.stderr
+    typo = _mypy(tmp_path, USER_SCRIPT.replace("group=mesh", "groop=mesh"))
+    assert typo.returncode == 1
+    assert 'Unexpected keyword argument "groop" for "all_reduce"' in typo.stdout, typo.stdout
