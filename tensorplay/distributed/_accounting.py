@@ -53,11 +53,28 @@ def check_at_end(world: World) -> None:
         return
     mine = [g for g in world.groups() if g.is_member and g.size() > 1]
     post(world, mine)
-    for group in mine:
-        if group.rank() == 0 and group.size() <= _LARGEST:
-            error = mismatch(world, group, wait_s=min(GRACE_S, world.timeout.total_seconds()))
-            if error is not None:
-                raise error
+    grace = min(GRACE_S, world.timeout.total_seconds())
+    try:
+        for group in mine:
+            if group.rank() == 0 and group.size() <= _LARGEST:
+                error = mismatch(world, group, wait_s=grace)
+                if error is not None:
+                    raise error
+    finally:
+        _leave(world, grace)
+
+
+def _leave(world: World, grace: float) -> None:
+    """Mark this rank done with the store; rank 0, whose process serves it (env://, tcp://),
+    lingers until every rank is done or ``grace`` is over, so no rank's last read meets a
+    closed server."""
+    keys = [world.spmd.key(_keys.LEFT, rank=r) for r in range(world.size)]
+    with suppress(RuntimeError, OSError):
+        world.store.set(keys[world.rank], "1")
+        if world.rank == 0:
+            deadline = time.monotonic() + grace + 1.0
+            while _arrivals.unset(world.store, keys) and time.monotonic() < deadline:
+                time.sleep(0.02)
 
 
 def check_after_failure(world: World, group: ProcessGroup) -> CallMismatchError | None:

@@ -100,11 +100,8 @@ def collective_error(world: World, err: BaseException, what: str,
     if kind == "timeout":
         return DistributedTimeoutError(where, world.timeout.total_seconds(), None,
                                        f"Engine said: {said}")
-    if kind == "peer_lost":
-        return RankFailedError(
-            f"{where} failed: a peer rank died or its connection broke. Engine said: {said}. "
-            f"Fix: look for the first rank that failed in the launcher's output."
-        )
+    if kind == "peer_lost":  # name the dead if they ran on this host
+        return diagnose(world, where, err, timed_out=False)
     return BackendError(f"{where} failed: {str(err)[:500]}")
 
 

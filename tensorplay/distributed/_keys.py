@@ -35,6 +35,7 @@ CHECK_OUTCOME = "check/{n}/outcome"  # ok | differ ... | gave_up ... | dead ...
 CHECK_REQUEST = "check/{n}/request/{rank}"  # a request's JSON text, posted only on a difference
 BARRIER_MARK = "barrier/{group}/{n}/{rank}"  # a member's arrival at a lasting barrier
 CALLS = "calls/{group}/{rank}"  # a member's count of collective calls, posted at the end
+LEFT = "left/{rank}"  # a rank is done with the store (rank 0 waits for these before it closes)
 STRICT_CALL = "strict/{group}/{n}/{rank}"  # a member's call #n, in words (strict mode)
 
 _worlds_started = 0  # worlds this process has started: the k of their key prefix

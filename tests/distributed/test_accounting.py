@@ -105,3 +105,26 @@ def test_a_long_wait_says_what_it_waits_in():
     assert len(notes) == 1, out[0]  # said once
     assert notes[0].startswith("rank 0: still in all_reduce() on the world group [0-1] after ")
     assert not [m for m in out[1] if "still in" in m]
+
+
+def dead_peer_job(rank: int) -> dict:
+    import os
+    import signal
+
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(torch.ones(1))
+    except dist.DistributedError as err:
+        return {"error": type(err).__name__, "message": str(err),
+                "ranks": getattr(err, "ranks", None)}
+    return {"error": None}
+
+
+def test_a_collective_that_loses_a_peer_names_it():
+    out = spawn.run(dead_peer_job, 3, timeout=120, pg_timeout=20, expect_errors=True)
+    for rank in (0, 1):
+        assert out[rank]["error"] == "RankFailedError", out[rank]
+        assert out[rank]["ranks"] == [2], out[rank]
+        assert out[rank]["message"].startswith(
+            "all_reduce() on the world group [0-2] failed: rank 2 (pid "), out[rank]
