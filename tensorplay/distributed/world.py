@@ -231,7 +231,8 @@ def init_process_group(
     strict = _env.strict_from_env() if strict is None else strict
     progress_s = _env.progress_from_env()
     running = backends.running_world()
-    if running is not None:  # torch.distributed started by Lightning, accelerate, ...
+    if running is not None and (  # torch.distributed started by Lightning, accelerate, ...
+            backend is None or backends.engine_name(str(backend).lower()) == running[0].name):
         _adopt(*running, backend, timeout, strict, progress_s)
         return
     backend, init_method, rank, world_size, wait = _canonical_args(

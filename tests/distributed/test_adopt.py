@@ -46,12 +46,16 @@ def init_after_torch_job(rank: int) -> str:
     import tensorplay.distributed as dist
 
     tdist.init_process_group("gloo")
+    dist.init_process_group("fake", rank=5, world_size=8)  # a simulated world is never adopted
+    simulated = (dist.get_rank(), dist.get_world_size())
+    dist.destroy_process_group()
     dist.init_process_group()  # adopts torch's world instead of failing
-    backend = dist.get_backend()
+    adopted = (dist.get_backend(), dist.get_world_size())
     dist.destroy_process_group()
     tdist.destroy_process_group()
-    return backend
+    return simulated, adopted
 
 
 def test_init_process_group_adopts_torch_world():
-    assert spawn.run(init_after_torch_job, 2, init=False, timeout=120) == ["gloo", "gloo"]
+    out = spawn.run(init_after_torch_job, 2, init=False, timeout=120)
+    assert out == [((5, 8), ("gloo", 2))] * 2
