@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from .. import _arrivals, _env, _keys
+from .. import _arrivals, _env, _keys, _netif
 from .._engine import Capabilities, FailureKind, Running, Started
 from ..errors import (
     BackendError,
@@ -189,6 +189,7 @@ def start(
                                     "store there: it has not started, has exited, or listens "
                                     "on another address or port.") from err
         store.set(_keys.joined(rank), _joined_mark())
+        _pick_interface(master[0])
         try:
             dist.init_process_group(
                 backend, store=store, rank=rank, world_size=world_size, timeout=timeout
@@ -216,6 +217,41 @@ def start(
     return Started(dist.group.WORLD, store)
 
 
+_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+_picked: dict[str, str] = {}  # the interface variables this process set (not the user's)
+
+
+def _pick_interface(master_host: str) -> None:
+    """Make gloo (and NCCL) advertise the address this host reaches ``master_host`` from.
+
+    Left alone, gloo advertises the address its host name resolves to, and falls back to
+    127.0.0.1 when the name does not resolve: ranks on other hosts then connect to their own
+    loopback ("Connection refused, remote=[127.0.0.1]"). The interface that routes to
+    MASTER_ADDR is the one every other host can reach this one on. A user's
+    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME always wins, but a loopback one in a job whose
+    MASTER_ADDR is another host's fails now, naming this host, not after a timeout.
+    """
+    route = _netif.route_to(master_host)
+    users = {v: os.environ[v] for v in _IFNAME_VARS
+             if os.environ.get(v) and os.environ[v] != _picked.get(v)}
+    chosen = users.get("GLOO_SOCKET_IFNAME")
+    if (chosen and route is not None and not _netif.is_local(master_host)
+            and _netif.interface_addresses().get(chosen, "").startswith("127.")):
+        raise BackendError(
+            f"host {_env.hostname()}: GLOO_SOCKET_IFNAME={chosen} makes gloo advertise a "
+            f"loopback address, which ranks on other hosts cannot reach (MASTER_ADDR "
+            f"{master_host} is another host's, reached through {route.interface}, "
+            f"{route.address}). Fix: unset GLOO_SOCKET_IFNAME, or set "
+            f"GLOO_SOCKET_IFNAME={route.interface}."
+        )
+    if users or route is None:  # the user's choice, or gloo's own (an error then says why)
+        return
+    for var in _IFNAME_VARS:
+        _picked[var] = os.environ[var] = route.interface
+    log.info("gloo advertises %s (interface %s), the address this host %s reaches "
+             "MASTER_ADDR %s from", route.address, route.interface, _env.hostname(), master_host)
+
+
 def _rendezvous_error(step: str, err: BaseException, began: float, timeout: timedelta,
                       missing: list[int] | None, about: str) -> DistributedError:
     """The error of a rendezvous that failed: a timeout only when the wait really expired;
@@ -230,6 +266,10 @@ def _rendezvous_error(step: str, err: BaseException, began: float, timeout: time
         return DistributedTimeoutError(step, timeout.total_seconds(), missing,
                                        f"{about} Engine said: {said}".strip(), who=who)
     never = f" Not joined: ranks {missing}." if missing else ""
+    if "remote=[127." in said:
+        about = (f"A rank advertised a loopback address to gloo, which ranks on other hosts "
+                 f"cannot reach (GLOO_SOCKET_IFNAME={os.environ.get('GLOO_SOCKET_IFNAME')}). "
+                 f"{about}")
     return BackendError(f"{step} failed after {elapsed:.1f} s: {said}.{never} {about} Fix: "
                         f"start every rank with the same MASTER_ADDR and MASTER_PORT, and "
                         f"read the first error of the first rank that failed.".replace("  ", " "))

@@ -1,0 +1,75 @@
+"""Which address and network interface this host uses to reach another address (stdlib only).
+
+The fix people paste by hand when a multi-host job fails with gloo's "Connection refused,
+remote=[127.0.0.1]" is "the interface that routes to the master". This module finds it:
+
+    route_to("198.18.0.1")     # Route(address='198.18.0.2', interface='tpx_h2'), from host B
+    route_to("127.0.0.1")      # Route(address='127.0.0.1', interface='lo')
+
+The source address is the one the kernel would choose (a UDP socket's connect sends nothing);
+the interface is the one holding that address (Linux: SIOCGIFADDR). IPv4 only; None where the
+address cannot be resolved or routed, or the interface cannot be found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import socket
+import struct
+from dataclasses import dataclass
+
+_SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
+
+
+@dataclass(frozen=True)
+class Route:
+    """The source address this host uses toward a destination, and its interface."""
+
+    address: str
+    interface: str
+
+    @property
+    def is_loopback(self) -> bool:
+        return ipaddress.ip_address(self.address).is_loopback
+
+
+def route_to(host: str, port: int = 9) -> Route | None:
+    """The address and interface this host would use to reach ``host`` (IPv4), or None."""
+    try:
+        target = socket.gethostbyname(host)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((target, port))
+            address = probe.getsockname()[0]
+    except OSError:
+        return None
+    interface = interface_of(address)
+    return None if interface is None else Route(address, interface)
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the interface that holds IPv4 ``address``, or None."""
+    return next((name for name, held in interface_addresses().items() if held == address), None)
+
+
+def interface_addresses() -> dict[str, str]:
+    """Interface name -> its IPv4 address, for every interface that has one (Linux)."""
+    import fcntl
+
+    found: dict[str, str] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            with contextlib.suppress(OSError):  # an interface without an IPv4 address
+                packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR,
+                                     struct.pack("256s", name.encode()[:15]))
+                found[name] = socket.inet_ntoa(packed[20:24])
+    return found
+
+
+def is_local(host: str) -> bool:
+    """Whether ``host`` names an address of this host (loopback or one of its interfaces)."""
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return False
+    return ipaddress.ip_address(address).is_loopback or address in interface_addresses().values()

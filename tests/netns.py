@@ -1,0 +1,145 @@
+"""Several hosts on one machine: Linux network namespaces joined by a virtual switch.
+
+``with Hosts(2) as hosts:`` makes host 1 and host 2, each a network namespace with its own
+address (198.18.0.1, 198.18.0.2: the range set aside for such tests) on a veth pair to a bridge
+in a third namespace, and each process started on it gets its own host name (a UTS namespace:
+"hostA", "hostB"). ``hosts.start(i, argv)`` starts a process there in a new session;
+``hosts.cut(i)`` takes host i's link down. On the way out, even after a failure, every process
+started is killed by its process group and every namespace is deleted: nothing is left behind.
+
+Needs root and iproute2 (CI runs as root); elsewhere ``require()`` skips the test and says why.
+No traffic goes anywhere but these namespaces and loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+SUBNET = "198.18.0"
+NAMES = "ABCDEFGH"
+
+
+def require() -> None:
+    """Skip the calling test, saying why, where namespaces cannot be made."""
+    if os.geteuid() != 0:
+        pytest.skip("multi-host tests make network namespaces, which needs root (CI runs as "
+                    "root)")
+    for tool in ("ip", "unshare"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"multi-host tests need '{tool}' (iproute2, util-linux)")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (read from /proc), children before grandchildren."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(0), [])
+        found += children
+        todo += children
+    return found
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+class Hosts:
+    """``count`` hosts on a virtual switch; use as a context manager."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.prefix = f"tp{os.getpid() % 100000}"
+        self.procs: list[subprocess.Popen] = []
+        self._made: list[str] = []
+
+    def ns(self, i: int) -> str:
+        return f"{self.prefix}h{i}"
+
+    def address(self, i: int) -> str:
+        return f"{SUBNET}.{i}"
+
+    def hostname(self, i: int) -> str:
+        return f"host{NAMES[i - 1]}"
+
+    def __enter__(self) -> Hosts:
+        try:
+            switch = f"{self.prefix}sw"
+            _ip("netns", "add", switch)
+            self._made.append(switch)
+            _ip("-n", switch, "link", "add", "br0", "type", "bridge")
+            _ip("-n", switch, "link", "set", "br0", "up")
+            for i in range(1, self.count + 1):
+                host, port = self.ns(i), f"{self.prefix}s{i}"
+                _ip("netns", "add", host)
+                self._made.append(host)
+                _ip("link", "add", host, "type", "veth", "peer", "name", port)
+                _ip("link", "set", host, "netns", host)
+                _ip("link", "set", port, "netns", switch)
+                _ip("-n", switch, "link", "set", port, "master", "br0")
+                _ip("-n", switch, "link", "set", port, "up")
+                _ip("-n", host, "addr", "add", f"{self.address(i)}/24", "dev", host)
+                _ip("-n", host, "link", "set", host, "up")
+                _ip("-n", host, "link", "set", "lo", "up")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def start(self, i: int, argv: list[str], log: Path, env: dict[str, str] | None = None
+              ) -> subprocess.Popen:
+        """Run ``argv`` on host i (its own network and host name), output to ``log``."""
+        script = f'hostname {self.hostname(i)} && exec "$@"'
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                ["ip", "netns", "exec", self.ns(i), "unshare", "--uts", "sh", "-c", script,
+                 "sh", *argv],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, **(env or {})})
+        self.procs.append(proc)
+        return proc
+
+    def cut(self, i: int) -> None:
+        """Take host i's link to the switch down: its packets go nowhere."""
+        _ip("-n", f"{self.prefix}sw", "link", "set", f"{self.prefix}s{i}", "down")
+
+    def wait_all(self, timeout: float) -> list[int | None]:
+        """Exit codes of every process started, waiting up to ``timeout`` s in all."""
+        deadline = time.monotonic() + timeout
+        codes = []
+        for proc in self.procs:
+            try:
+                codes.append(proc.wait(timeout=max(deadline - time.monotonic(), 0.01)))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        return codes
+
+    def close(self) -> None:
+        """Kill what was started and what it started (by pid), then delete the namespaces."""
+        pids = [p.pid for p in self.procs]
+        for pid in pids + [d for p in pids for d in descendants(p)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait(timeout=30)
+        for name in reversed(self._made):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+        self._made.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
