@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 
 SUBNET = "198.18.0"
+# a host starts with no network settings but those a test gives it
+_NETWORK_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT")
 NAMES = "ABCDEFGH"
 
 
@@ -110,7 +112,8 @@ class Hosts:
                 ["ip", "netns", "exec", self.ns(i), "unshare", "--uts", "sh", "-c", script,
                  "sh", *argv],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, **(env or {})})
+                env={**{k: v for k, v in os.environ.items() if k not in _NETWORK_VARS},
+                     **(env or {})})
         self.procs.append(proc)
         return proc
 

@@ -159,6 +159,10 @@ class World:
             self._hosts = hosts_from_names(self.store.get(_keys.HOSTS).decode().split("\n"))
         return self._hosts
 
+    def remember_hosts(self, hosts: Hosts) -> None:
+        """Keep the host map this rank gathered (rank 0 does at init)."""
+        self._hosts = hosts
+
     def known_hosts(self) -> Hosts | None:
         """The host map if this rank holds it already (rank 0 does from init), else None."""
         return self._hosts
@@ -334,7 +338,7 @@ def _exchange_hosts(world: World) -> dict[int, int]:
             per_host[host] = per_host.get(host, "") + f"{rank}:{pid};"
         keys = [_keys.ON_HOST.format(host=h) for h in per_host] + [_keys.HOSTS]
         store.multi_set(keys, [*per_host.values(), "\n".join(names)])
-        world._hosts = hosts_from_names(names)
+        world.remember_hosts(hosts_from_names(names))
         mine = per_host[here]
     else:
         mine = store.get(_keys.ON_HOST.format(host=here)).decode()  # waits for rank 0

@@ -261,3 +261,17 @@ def test_a_port_in_use_is_said_at_once_not_as_a_timeout(monkeypatch):
         assert not dist.is_initialized()
     finally:
         taken.close()
+
+
+def test_the_interface_chosen_for_a_world_is_dropped_with_it(monkeypatch):
+    import os
+
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    dist.init_process_group("gloo", f"tcp://127.0.0.1:{spawn.free_port()}", rank=0,
+                            world_size=1, timeout=30)
+    try:
+        assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"  # the route to 127.0.0.1
+    finally:
+        dist.destroy_process_group()
+    assert "GLOO_SOCKET_IFNAME" not in os.environ  # not inherited by what runs next

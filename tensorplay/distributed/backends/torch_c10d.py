@@ -407,6 +407,10 @@ class TorchEngine:
         owner tears the world down)."""
         self._cuda_device = None
         made, self._made, self.group_store = self._made, [], None
+        for var, value in _picked.items():  # the interface was this world's choice, not the
+            if os.environ.get(var) == value:  # process's: a later world or child chooses anew
+                del os.environ[var]
+        _picked.clear()
         if not dist.is_initialized():
             return
         if not adopted:
