@@ -15,6 +15,7 @@ labelled with every rank that printed the same one.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import queue
@@ -151,6 +152,28 @@ def check_args(a: argparse.Namespace) -> None:
                            "check the path, or use -m package.module to run a module")
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Bind host:port the way rank 0's store will (SO_REUSEADDR, this address only) and let go.
+
+    Run on node 0 before any rank starts, so a port already in use is one clear usage error
+    instead of a rank 0 that fails in its rendezvous while the others wait for it. Only
+    EADDRINUSE is judged here; any other problem is left to rank 0, which reports it.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise bad_argument(
+                    "--master-port", port,
+                    f"is already in use on {host} (another program or job listens there), so "
+                    f"rank 0 could not serve the rendezvous store",
+                    "pick another --master-port, or omit it on one node to get a free one",
+                ) from None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse and validate the command line; fill in the master address and port on one node."""
     a = build_parser().parse_args(argv)
@@ -158,7 +181,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.world_size = a.nnodes * a.nproc_per_node
     a.shown = None if a.log_ranks is None else parse_rank_list(a.log_ranks, a.world_size)
     a.master_addr = a.master_addr or "127.0.0.1"
-    a.master_port = a.master_port or free_port()
+    if a.master_port is None:
+        a.master_port = free_port()
+    elif a.node_rank == 0:  # rank 0, which serves the store, runs here
+        check_port_free(a.master_addr, a.master_port)
     return a
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorplay.distributed.run import child_env, main, parse_rank_list, untag
+from tensorplay.distributed.run import child_env, main, parse_args, parse_rank_list, untag
 
 LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
 PRELUDE = """\
@@ -308,6 +308,25 @@ def test_unknown_script_exits_2_from_the_command_line(tmp_path):
     assert res.returncode == 2
     assert "script=" in res.stderr and "missing.py" in res.stderr and "no such file" in res.stderr
     assert res.stdout == ""
+
+
+def test_a_master_port_in_use_is_a_usage_error_before_any_rank_starts(tmp_path):
+    job = script(tmp_path, "write_pid()\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = run("--nproc-per-node", "2", "--master-port", port, job)
+        # node 1 does not hold rank 0, which serves the store: no check there
+        on_node_1 = parse_args(["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                                "--master-port", str(port), str(job)])
+    assert res.returncode == 2
+    assert res.stderr == (
+        f"tensorplay-run: error: --master-port={port}: is already in use on 127.0.0.1 (another "
+        f"program or job listens there), so rank 0 could not serve the rendezvous store. Fix: "
+        f"pick another --master-port, or omit it on one node to get a free one.\n")
+    assert list(tmp_path.glob("pid_*")) == []  # no rank started
+    assert on_node_1.master_port == port
 
 
 # ----------------------------------------------------------------------------- the summary
