@@ -2,7 +2,8 @@
 
 Standard library only, so the launcher starts quickly and never loads an engine. The children see
 the same environment variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT, GROUP_RANK), so a script runs unchanged under either launcher.
+MASTER_ADDR, MASTER_PORT, GROUP_RANK, and OMP_NUM_THREADS=1 unless set), so a script runs
+unchanged under either launcher.
 
 Each rank runs its script through ``_rank_main``, which makes it die with the launcher (a
 parent-death signal) and reports over a pipe how the script ended and when. From those reports
@@ -40,6 +41,8 @@ PROG = "tensorplay-run"
 TAIL_LINES = 50
 USAGE_ERROR = 2
 SETTLE_S = 1.0  # default --settle-s
+OMP_NOTE = ("setting OMP_NUM_THREADS=1 for every rank, as torchrun does, so {n} ranks do not "
+            "oversubscribe the cores (it was not set; set it to choose another value)")
 
 
 def child_env(
@@ -67,6 +70,8 @@ def child_env(
         PYTHONUNBUFFERED="1",
         TENSORPLAY_LAUNCHER=PROG,
     )
+    if local_world_size > 1:  # torchrun's rule: one thread per rank unless the user chose
+        env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 
@@ -579,6 +584,8 @@ def launch(a: argparse.Namespace) -> int:
     """Start this node's ranks, supervise them, and leave no child behind on any path."""
     first = a.node_rank * a.nproc_per_node
     out = Output(a.shown, a.log_dir, range(first, first + a.nproc_per_node))
+    if a.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+        out.say(OMP_NOTE.format(n=a.nproc_per_node))
     job = Job(a, out)
     with _signals_to(job.events):
         try:

@@ -88,6 +88,17 @@ def test_child_env_sets_torchrun_variables_and_keeps_base():
     assert all(isinstance(v, str) for v in env.values())
 
 
+def test_child_env_sets_one_omp_thread_per_rank_unless_the_user_chose():
+    def omp(base: dict, local_world_size: int) -> str | None:
+        return child_env(base, rank=0, local_rank=0, world_size=8, node_rank=0,
+                         local_world_size=local_world_size, master_addr="h",
+                         master_port=1).get("OMP_NUM_THREADS")
+
+    assert omp({}, 4) == "1"  # as torchrun does
+    assert omp({"OMP_NUM_THREADS": "3"}, 4) == "3"
+    assert omp({}, 1) is None  # one rank per node: nothing to share
+
+
 def test_untag_drops_torchs_rank_tag_of_the_same_rank_only():
     assert untag(2, b"[rank2]: Traceback (most recent call last):\n") == (
         b"Traceback (most recent call last):\n")
@@ -481,6 +492,31 @@ def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path):
         for p in pids:
             if alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+# ----------------------------------------------------------------------------- threads
+
+
+@pytest.mark.slow
+def test_omp_num_threads_is_one_per_rank_unless_set_and_said_once(tmp_path):
+    job = script(tmp_path, """
+        (HERE / f"omp_{RANK}").write_text(os.environ.get("OMP_NUM_THREADS", "unset"))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+
+    def threads() -> list[str]:
+        return [(tmp_path / f"omp_{r}").read_text() for r in range(2)]
+
+    res = run("--nproc-per-node", "2", job, env=env)
+    assert res.returncode == 0, res.stderr
+    assert threads() == ["1", "1"]
+    assert res.stderr.count("OMP_NUM_THREADS") == 1
+    assert res.stderr.startswith("tensorplay-run: setting OMP_NUM_THREADS=1 for every rank, as "
+                                 "torchrun does")
+    res = run("--nproc-per-node", "2", job, env={**env, "OMP_NUM_THREADS": "3"})
+    assert res.returncode == 0, res.stderr
+    assert threads() == ["3", "3"]
+    assert "OMP_NUM_THREADS" not in res.stderr
 
 
 # ----------------------------------------------------------------------------- a real job
