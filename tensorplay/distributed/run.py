@@ -173,8 +173,8 @@ def check_port_free(host: str, port: int) -> None:
             if err.errno == errno.EADDRINUSE:
                 raise bad_argument(
                     "--master-port", port,
-                    f"is already in use on {host} (another program or job listens there), so "
-                    f"rank 0 could not serve the rendezvous store",
+                    f"is already in use on {host} (another program or job listens there), where "
+                    f"rank 0 must serve the rendezvous store",
                     "pick another --master-port, or omit it on one node to get a free one",
                 ) from None
 

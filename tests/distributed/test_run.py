@@ -334,7 +334,7 @@ def test_a_master_port_in_use_is_a_usage_error_before_any_rank_starts(tmp_path):
     assert res.returncode == 2
     assert res.stderr == (
         f"tensorplay-run: error: --master-port={port}: is already in use on 127.0.0.1 (another "
-        f"program or job listens there), so rank 0 could not serve the rendezvous store. Fix: "
+        f"program or job listens there), where rank 0 must serve the rendezvous store. Fix: "
         f"pick another --master-port, or omit it on one node to get a free one.\n")
     assert list(tmp_path.glob("pid_*")) == []  # no rank started
     assert on_node_1.master_port == port
