@@ -535,7 +535,7 @@ class Job:
         if running:
             _stop(self.procs, running, self.a.stop_grace_s, self.events, self.record)
 
-    def settle(self) -> None:
+    def drain(self) -> None:
         """After the processes ended: let the readers drain, then note what they reported."""
         _join([t for ts in self.threads.values() for t in ts], 2.0)
         while True:
@@ -591,7 +591,7 @@ def launch(a: argparse.Namespace) -> int:
         try:
             job.start()
             signum = job.supervise()
-            job.settle()
+            job.drain()
             if signum is not None:
                 stopped = sorted(r for r, e in job.ends.items() if e.stop_t is not None)
                 job.out.show_held(sorted(job.ends))
