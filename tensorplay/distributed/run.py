@@ -2,14 +2,25 @@
 
 Standard library only, so the launcher starts quickly and never loads an engine. The children see
 the same environment variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT, GROUP_RANK), so a script runs unchanged under either launcher.
+MASTER_ADDR, MASTER_PORT, GROUP_RANK, and OMP_NUM_THREADS=1 unless set), so a script runs
+unchanged under either launcher.
+
+Each rank runs its script through ``_rank_main``, which makes it die with the launcher (a
+parent-death signal) and reports over a pipe how the script ended and when. From those reports
+and the exit statuses, ``_rank_ends`` words the one summary line: the rank that failed first in
+time, with its error; ranks that failed alike; ranks that died after their script finished.
+A Python traceback that a rank's script ended with is held back and printed once at the end,
+labelled with every rank that printed the same one.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import json
 import os
 import queue
+import selectors
 import signal
 import socket
 import subprocess
@@ -17,16 +28,21 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
-from tensorplay.distributed.errors import ArgumentError, bad_argument, format_ranks
+from tensorplay.distributed import _rank_main
+from tensorplay.distributed._rank_ends import RankEnd, blank_varying, ranks_phrase, summarize
+from tensorplay.distributed.errors import ArgumentError, bad_argument
 
 PROG = "tensorplay-run"
 TAIL_LINES = 50
 USAGE_ERROR = 2
+SETTLE_S = 1.0  # default --settle-s
+OMP_NOTE = ("setting OMP_NUM_THREADS=1 for every rank, as torchrun does, so {n} ranks do not "
+            "oversubscribe the cores (it was not set; set it to choose another value)")
 
 
 def child_env(
@@ -54,6 +70,8 @@ def child_env(
         PYTHONUNBUFFERED="1",
         TENSORPLAY_LAUNCHER=PROG,
     )
+    if local_world_size > 1:  # torchrun's rule: one thread per rank unless the user chose
+        env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 
@@ -86,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     opt("log-ranks", default=None, help="show only these ranks' output, e.g. 0,3 or 0-3")
     opt("log-dir", default=None, help="also write DIR/rank_<r>.log for every rank")
     opt("stop-grace-s", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
+    opt("settle-s", type=float, default=SETTLE_S,
+        help="after the first failure, seconds the other ranks get to end on their own before "
+             "they are stopped, so that ranks failing alike are all seen (default 1)")
     p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module (python -m)")
     p.add_argument("script", help="the Python script (or module with -m) every rank runs")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="passed to the script untouched")
@@ -129,9 +150,33 @@ def check_args(a: argparse.Namespace) -> None:
                            "pick a free TCP port, or omit it on one node to get one")
     if a.stop_grace_s < 0:
         raise bad_argument("--stop-grace-s", a.stop_grace_s, "must be >= 0", "pass e.g. 5")
+    if a.settle_s < 0:
+        raise bad_argument("--settle-s", a.settle_s, "must be >= 0", "pass e.g. 1")
     if not a.module and not Path(a.script).is_file():
         raise bad_argument("script", a.script, "no such file",
                            "check the path, or use -m package.module to run a module")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Bind host:port the way rank 0's store will (SO_REUSEADDR, this address only) and let go.
+
+    Run on node 0 before any rank starts, so a port already in use is one clear usage error
+    instead of a rank 0 that fails in its rendezvous while the others wait for it. Only
+    EADDRINUSE is judged here; any other problem is left to rank 0, which reports it.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise bad_argument(
+                    "--master-port", port,
+                    f"is already in use on {host} (another program or job listens there), where "
+                    f"rank 0 must serve the rendezvous store",
+                    "pick another --master-port, or omit it on one node to get a free one",
+                ) from None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -141,7 +186,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.world_size = a.nnodes * a.nproc_per_node
     a.shown = None if a.log_ranks is None else parse_rank_list(a.log_ranks, a.world_size)
     a.master_addr = a.master_addr or "127.0.0.1"
-    a.master_port = a.master_port or free_port()
+    if a.master_port is None:
+        a.master_port = free_port()
+    elif a.node_rank == 0:  # rank 0, which serves the store, runs here
+        check_port_free(a.master_addr, a.master_port)
     return a
 
 
@@ -160,14 +208,36 @@ def _write(stream: IO[str], data: bytes) -> None:
     stream.flush()
 
 
+def untag(rank: int, data: bytes) -> bytes:
+    """data without torch's own rank tag ('[rank3]: ', which init_process_group's excepthook and
+    c10d's C++ log put on a rank's lines), so that '[rank 3] ' is not said twice."""
+    tag = b"[rank%d]:" % rank
+    if not data.startswith(tag):
+        return data
+    data = data[len(tag):]
+    return data[1:] if data.startswith(b" ") else data
+
+
+def label(ranks: list[int]) -> bytes:
+    """The prefix of lines that came from these ranks: b'[rank 3] ' or b'[ranks 0-7] '."""
+    return b"[%s] " % ranks_phrase(ranks).encode()
+
+
 class Output:
-    """Route children's lines to the terminal (prefixed, filtered), log files and tail buffers."""
+    """Route children's lines to the terminal (prefixed, filtered), log files and tail buffers.
+
+    A rank's final traceback (its first line is announced by the rank's report, see
+    ``expect``) is held back from the terminal from that line on; ``show_held`` prints each
+    distinct one once, labelled with every rank that printed it. Log files get every line.
+    """
 
     def __init__(self, shown: set[int] | None, log_dir: str | None, ranks: Iterable[int]):
         self.shown = shown
         self.lock = threading.Lock()
         self.tails = {r: deque(maxlen=TAIL_LINES) for r in ranks}
         self.files: dict[int, IO[bytes]] = {}
+        self.first: dict[int, bytes] = {}  # rank -> first line of the traceback it will print
+        self.held: dict[int, list[bytes]] = {}  # rank -> that traceback's lines so far
         if log_dir is not None:
             self._open_logs(Path(log_dir))
 
@@ -182,16 +252,28 @@ class Output:
             raise bad_argument("--log-dir", str(log_dir), f"cannot write there ({exc.strerror})",
                                "pass a directory you can create and write to") from None
 
+    def expect(self, rank: int, first_line: str) -> None:
+        """The rank's script raised; its traceback, about to be printed, starts with this line."""
+        with self.lock:
+            self.first[rank] = first_line.encode("utf-8", errors="replace")
+
     def line(self, rank: int, to_stderr: bool, data: bytes) -> None:
         """Record one child line; a partial last line gets its newline here."""
         data = data if data.endswith(b"\n") else data + b"\n"
+        text = untag(rank, data)
         with self.lock:
-            self.tails[rank].append(data)
             if rank in self.files:
                 self.files[rank].write(data)
                 self.files[rank].flush()
+            if rank in self.held:
+                self.held[rank].append(text)
+                return
+            if to_stderr and rank in self.first and text.rstrip(b"\r\n") == self.first[rank]:
+                self.held[rank] = [text]
+                return
+            self.tails[rank].append(text)
             if self.shown is None or rank in self.shown:
-                _write(sys.stderr if to_stderr else sys.stdout, b"[rank %d] %s" % (rank, data))
+                _write(sys.stderr if to_stderr else sys.stdout, label([rank]) + text)
 
     def say(self, text: str) -> None:
         """Print one launcher message on stderr."""
@@ -199,12 +281,30 @@ class Output:
             _write(sys.stderr, f"{PROG}: {text}\n".encode())
 
     def show_tail(self, rank: int) -> None:
-        """Show a failed rank's last lines if the filter hid them."""
+        """Show a failed rank's last lines if the filter hid them (its traceback comes apart)."""
         if self.shown is None or rank in self.shown or not self.tails[rank]:
             return
         self.say(f"last {len(self.tails[rank])} lines of rank {rank} (hidden by --log-ranks):")
         with self.lock:
-            _write(sys.stderr, b"".join(b"[rank %d] %s" % (rank, d) for d in self.tails[rank]))
+            _write(sys.stderr, b"".join(label([rank]) + d for d in self.tails[rank]))
+
+    def show_held(self, order: list[int], also: Iterable[int] = ()) -> None:
+        """Print the held tracebacks, each distinct one once (pids and addresses may differ),
+        in the order of their first rank in ``order``; a block is shown when one of its ranks
+        is shown (or is in ``also``)."""
+        with self.lock:
+            held = {r: b"".join(lines) for r, lines in self.held.items()}
+        blocks: dict[str, list[int]] = {}
+        for r in [*order, *sorted(set(held) - set(order))]:
+            if r in held:
+                blocks.setdefault(blank_varying(held[r].decode("utf-8", "replace")), []).append(r)
+        visible = None if self.shown is None else self.shown | set(also)
+        for ranks in blocks.values():
+            if visible is None or visible & set(ranks):
+                prefix = label(ranks)
+                with self.lock:
+                    _write(sys.stderr, b"".join(prefix + line for line in
+                                                held[ranks[0]].splitlines(keepends=True)))
 
     def close(self) -> None:
         """Close the log files (readers still running just stop writing to them)."""
@@ -216,37 +316,116 @@ class Output:
 
 # ----------------------------------------------------------------------------- processes
 
-
-Events = queue.SimpleQueue  # ("exit", rank, returncode) from waiters, ("signal", signum, 0)
+# ("exit", rank, returncode, time) from waiters, ("report", rank, dict) from the stderr readers,
+# ("signal", signum) from the launcher's own handlers
+Events = queue.SimpleQueue
 Threads = dict[int, list[threading.Thread]]
 
 
-def _pump(pipe: IO[bytes], rank: int, to_stderr: bool, out: Output) -> None:
-    """Reader thread: forward one child stream line by line until it closes."""
+def _pump(pipe: IO[bytes], rank: int, out: Output) -> None:
+    """Reader thread: forward a child's stdout line by line until it closes."""
     with pipe:
         for data in iter(pipe.readline, b""):
-            out.line(rank, to_stderr, data)
+            out.line(rank, False, data)
+
+
+def _pump_stderr(pipe: IO[bytes], report_fd: int, rank: int, out: Output,
+                 on_report: Callable[[int, dict], None]) -> None:
+    """Reader thread: a child's stderr and its report pipe, in the order they were written.
+
+    The rank writes its report before it prints its traceback. So after each read of stderr the
+    report pipe is drained before those stderr lines are handled: a report written before them
+    is always seen first, and the traceback is held from its first line.
+    """
+    sel = selectors.DefaultSelector()
+    err_fd = pipe.fileno()
+    os.set_blocking(report_fd, False)
+    sel.register(err_fd, selectors.EVENT_READ)
+    sel.register(report_fd, selectors.EVENT_READ)
+    partial, pending = b"", b""
+
+    def drain_reports() -> None:
+        nonlocal pending
+        while report_fd in sel.get_map():
+            try:
+                chunk = os.read(report_fd, 4096)
+            except BlockingIOError:
+                return
+            if not chunk:
+                sel.unregister(report_fd)
+                return
+            *done, pending = (pending + chunk).split(b"\n")
+            for raw in done:
+                with suppress(ValueError):
+                    on_report(rank, json.loads(raw))
+
+    try:
+        while sel.get_map():
+            for key, _ in sel.select():
+                if key.fd != err_fd:
+                    drain_reports()
+                    continue
+                chunk = os.read(err_fd, 65536)
+                drain_reports()
+                if not chunk:
+                    sel.unregister(err_fd)
+                    if partial:
+                        out.line(rank, True, partial)
+                    continue
+                *lines, partial = (partial + chunk).split(b"\n")
+                for data in lines:
+                    out.line(rank, True, data + b"\n")
+    finally:
+        sel.close()
+        pipe.close()
+        os.close(report_fd)
 
 
 def _reap(proc: subprocess.Popen, rank: int, events: Events) -> None:
     """Waiter thread: report the child's exit status as soon as it has one."""
-    events.put(("exit", rank, proc.wait()))
+    code = proc.wait()
+    events.put(("exit", rank, code, time.monotonic()))
+
+
+def rank_command(a: argparse.Namespace) -> list[str]:
+    """The child's command line: the script under _rank_main, its arguments untouched."""
+    target = ["--module" if a.module else "--file", a.script]
+    return [sys.executable, "-c", _rank_main.loader_command(), *target, *a.script_args]
 
 
 def _start(
     a: argparse.Namespace, local_rank: int, out: Output, events: Events, threads: Threads
 ) -> subprocess.Popen:
-    """Start one rank in its own process group, with a reader per stream and a waiter."""
+    """Start one rank in its own process group, with its report pipe, two readers and a waiter.
+
+    The rank's parent-death signal is tied to the thread that starts it, so call this from the
+    thread that supervises the job (it lives as long as the launcher).
+    """
     rank = a.node_rank * a.nproc_per_node + local_rank
     env = child_env(os.environ, rank=rank, local_rank=local_rank, world_size=a.world_size,
                     local_world_size=a.nproc_per_node, node_rank=a.node_rank,
                     master_addr=a.master_addr, master_port=a.master_port)
-    target = ["-m", a.script] if a.module else [a.script]
-    proc = subprocess.Popen([sys.executable, *target, *a.script_args], env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    readers = [threading.Thread(target=_pump, args=(proc.stdout, rank, False, out), daemon=True),
-               threading.Thread(target=_pump, args=(proc.stderr, rank, True, out), daemon=True)]
+    report_r, report_w = os.pipe()
+    env[_rank_main.REPORT_FD] = str(report_w)
+    env[_rank_main.PARENT_PID] = str(os.getpid())
+    try:
+        proc = subprocess.Popen(rank_command(a), env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, pass_fds=(report_w,))
+    except BaseException:
+        os.close(report_r)
+        raise
+    finally:
+        os.close(report_w)
+
+    def on_report(r: int, record: dict) -> None:
+        if record.get("event") == "raised" and record.get("first"):
+            out.expect(r, record["first"])
+        events.put(("report", r, record))
+
+    readers = [threading.Thread(target=_pump, args=(proc.stdout, rank, out), daemon=True),
+               threading.Thread(target=_pump_stderr, daemon=True,
+                                args=(proc.stderr, report_r, rank, out, on_report))]
     threads[rank] = readers
     for t in [*readers, threading.Thread(target=_reap, args=(proc, rank, events), daemon=True)]:
         t.start()
@@ -261,8 +440,11 @@ def _signal_groups(procs: Mapping[int, subprocess.Popen], ranks: Iterable[int], 
 
 
 def _stop(procs: Mapping[int, subprocess.Popen], ranks: Iterable[int], grace_s: float,
-         events: Events) -> None:
-    """SIGTERM the given ranks, wait up to grace_s (a new signal cuts it short), SIGKILL all."""
+          events: Events, record: Callable[[tuple], None]) -> None:
+    """SIGTERM the given ranks, wait up to grace_s (a new signal cuts it short), SIGKILL all.
+
+    Exits and reports that arrive meanwhile go to ``record``.
+    """
     pending = set(ranks)
     _signal_groups(procs, pending, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -273,20 +455,12 @@ def _stop(procs: Mapping[int, subprocess.Popen], ranks: Iterable[int], grace_s: 
             continue
         if event[0] == "signal":
             break
-        pending.discard(event[1])
+        record(event)
+        if event[0] == "exit":
+            pending.discard(event[1])
     _signal_groups(procs, procs, signal.SIGKILL)
     for proc in procs.values():
         proc.wait()
-
-
-def describe(code: int) -> str:
-    """Word a Popen return code: 'exit code 1' or 'killed by signal SIGKILL'."""
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"killed by signal {signal.Signals(-code).name}"
-    except ValueError:
-        return f"killed by signal {-code}"
 
 
 def _join(threads: Iterable[threading.Thread], timeout_s: float) -> None:
@@ -296,32 +470,99 @@ def _join(threads: Iterable[threading.Thread], timeout_s: float) -> None:
         t.join(max(0.0, deadline - time.monotonic()))
 
 
-def _supervise(
-    a: argparse.Namespace, procs: dict[int, subprocess.Popen], events: Events, out: Output,
-    threads: Threads,
-) -> int:
-    """Wait for the ranks; on the first failure or a signal stop the rest and return the code."""
-    running = set(procs)
-    while running:
-        try:
-            kind, who, code = events.get(timeout=0.5)
-        except queue.Empty:
-            continue
-        if kind == "signal":
-            _stop(procs, running, a.stop_grace_s, events)
-            out.say(f"got {signal.Signals(who).name}; stopped ranks {format_ranks(running)}.")
-            return 128 + who
-        running.discard(who)
-        if code != 0:
-            _stop(procs, running, a.stop_grace_s, events)
-            _join(threads[who], 2.0)
-            out.show_tail(who)
-            others = "no other rank was still running"
-            if running:
-                others = f"stopped ranks {format_ranks(running)}"
-            out.say(f"rank {who} failed first ({describe(code)}); {others}.")
-            return code if code > 0 else 128 - code
-    return 0
+class Job:
+    """This node's ranks as the launcher sees them: processes, and how each one ended."""
+
+    def __init__(self, a: argparse.Namespace, out: Output):
+        self.a = a
+        self.out = out
+        self.events: Events = queue.SimpleQueue()
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.threads: Threads = {}
+        self.ends: dict[int, RankEnd] = {}
+
+    def start(self) -> None:
+        """Start every rank of this node."""
+        first = self.a.node_rank * self.a.nproc_per_node
+        for local_rank in range(self.a.nproc_per_node):
+            self.ends[first + local_rank] = RankEnd(first + local_rank)
+            self.procs[first + local_rank] = _start(self.a, local_rank, self.out, self.events,
+                                                    self.threads)
+
+    def record(self, event: tuple) -> None:
+        """Note an exit or a report (the first report of a rank counts)."""
+        end = self.ends[event[1]]
+        if event[0] == "exit":
+            end.code, end.exit_t = event[2], event[3]
+        elif event[0] == "report" and end.report is None:
+            end.report = event[2]
+
+    def failing(self, rank: int) -> bool:
+        """Whether this rank's script failed or its process ended badly."""
+        end = self.ends[rank]
+        return bool(end.code) or (end.report is not None and end.report["event"] != "returned")
+
+    def supervise(self) -> int | None:
+        """Wait for the ranks. After the first failure let the others end on their own for
+        --settle-s (so ranks that fail alike are all seen), then stop the rest. Returns None,
+        or the signal number that stopped the job."""
+        running = set(self.procs)
+        failed_at = None
+        while running:
+            wait = 0.5 if failed_at is None else failed_at + self.a.settle_s - time.monotonic()
+            if wait <= 0:
+                break
+            try:
+                event = self.events.get(timeout=wait)
+            except queue.Empty:
+                continue
+            if event[0] == "signal":
+                self.stop(running)
+                return event[1]
+            self.record(event)
+            if event[0] == "exit":
+                running.discard(event[1])
+            if failed_at is None and self.failing(event[1]):
+                failed_at = time.monotonic()
+        self.stop(running)
+        return None
+
+    def stop(self, running: set[int]) -> None:
+        """Stop the ranks still running (marking them stopped) and wait for every process."""
+        now = time.monotonic()
+        for r in running:
+            self.ends[r].stop_t = now
+        if running:
+            _stop(self.procs, running, self.a.stop_grace_s, self.events, self.record)
+
+    def drain(self) -> None:
+        """After the processes ended: let the readers drain, then note what they reported."""
+        _join([t for ts in self.threads.values() for t in ts], 2.0)
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                break
+            if event[0] != "signal":
+                self.record(event)
+        for r, proc in self.procs.items():
+            if self.ends[r].code is None:
+                self.ends[r].code = proc.returncode
+
+    def conclude(self) -> int:
+        """Print what went wrong (tail, tracebacks, summary) and return the exit status."""
+        ends = list(self.ends.values())
+        if not any(self.failing(e.rank) for e in ends):
+            return 0
+        several_nodes = self.a.nnodes > 1
+        text, code = summarize(ends, node_ranks="ranks on this node" if several_nodes else "ranks")
+        failed = sorted((e for e in ends if e.kind() == "failed"), key=lambda e: (e.when(), e.rank))
+        order = [e.rank for e in failed] + [e.rank for e in ends if e.kind() != "failed"]
+        if failed:
+            self.out.show_tail(failed[0].rank)
+        self.out.show_held(order, also=[failed[0].rank] if failed else [])
+        self.out.say(text)
+        return code
 
 
 @contextmanager
@@ -331,7 +572,7 @@ def _signals_to(events: Events):
         yield
         return
     sigs = (signal.SIGINT, signal.SIGTERM)
-    old = {s: signal.signal(s, lambda num, _frame: events.put(("signal", num, 0))) for s in sigs}
+    old = {s: signal.signal(s, lambda num, _frame: events.put(("signal", num))) for s in sigs}
     try:
         yield
     finally:
@@ -343,20 +584,25 @@ def launch(a: argparse.Namespace) -> int:
     """Start this node's ranks, supervise them, and leave no child behind on any path."""
     first = a.node_rank * a.nproc_per_node
     out = Output(a.shown, a.log_dir, range(first, first + a.nproc_per_node))
-    events: Events = queue.SimpleQueue()
-    procs: dict[int, subprocess.Popen] = {}
-    threads: Threads = {}
-    with _signals_to(events):
+    if a.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+        out.say(OMP_NOTE.format(n=a.nproc_per_node))
+    job = Job(a, out)
+    with _signals_to(job.events):
         try:
-            for local_rank in range(a.nproc_per_node):
-                procs[first + local_rank] = _start(a, local_rank, out, events, threads)
-            code = _supervise(a, procs, events, out, threads)
-            _join([t for ts in threads.values() for t in ts], 2.0)
-            return code
+            job.start()
+            signum = job.supervise()
+            job.drain()
+            if signum is not None:
+                stopped = sorted(r for r, e in job.ends.items() if e.stop_t is not None)
+                job.out.show_held(sorted(job.ends))
+                out.say(f"got {signal.Signals(signum).name}; stopped "
+                        f"{ranks_phrase(stopped) if stopped else 'no rank (none was running)'}.")
+                return 128 + signum
+            return job.conclude()
         finally:
-            alive = [r for r, p in procs.items() if p.returncode is None]
+            alive = [r for r, p in job.procs.items() if p.returncode is None]
             if alive:  # only on an unexpected error: never leave a child behind
-                _stop(procs, alive, a.stop_grace_s, events)
+                _stop(job.procs, alive, a.stop_grace_s, job.events, lambda _event: None)
             out.close()
 
 

@@ -11,7 +11,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tensorplay" / "distributed"
 PURE = ["_layout", "_mesh_spec", "_mesh_args", "_env", "errors", "run", "_topology",
-        "_describe", "_plot", "plan", "_keys", "_arrays", "_engine"]
+        "_describe", "_plot", "plan", "_keys", "_arrays", "_engine", "_rank_main",
+        "_rank_ends"]
 ENGINES = {"torch", "mpi4py"}
 
 

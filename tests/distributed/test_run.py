@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorplay.distributed.run import child_env, main, parse_rank_list
+from tensorplay.distributed.run import child_env, main, parse_args, parse_rank_list, untag
 
 LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
 PRELUDE = """\
@@ -85,6 +86,25 @@ def test_child_env_sets_torchrun_variables_and_keeps_base():
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29500")
     assert env["PYTHONUNBUFFERED"] == "1" and env["TENSORPLAY_LAUNCHER"] == "tensorplay-run"
     assert all(isinstance(v, str) for v in env.values())
+
+
+def test_child_env_sets_one_omp_thread_per_rank_unless_the_user_chose():
+    def omp(base: dict, local_world_size: int) -> str | None:
+        return child_env(base, rank=0, local_rank=0, world_size=8, node_rank=0,
+                         local_world_size=local_world_size, master_addr="h",
+                         master_port=1).get("OMP_NUM_THREADS")
+
+    assert omp({}, 4) == "1"  # as torchrun does
+    assert omp({"OMP_NUM_THREADS": "3"}, 4) == "3"
+    assert omp({}, 1) is None  # one rank per node: nothing to share
+
+
+def test_untag_drops_torchs_rank_tag_of_the_same_rank_only():
+    assert untag(2, b"[rank2]: Traceback (most recent call last):\n") == (
+        b"Traceback (most recent call last):\n")
+    assert untag(2, b"[rank2]:[W1203 06:00:00] warning\n") == b"[W1203 06:00:00] warning\n"
+    assert untag(2, b"[rank3]: not mine\n") == b"[rank3]: not mine\n"
+    assert untag(2, b"plain\n") == b"plain\n"
 
 
 def test_parse_rank_list_accepts_lists_and_ranges():
@@ -299,3 +319,229 @@ def test_unknown_script_exits_2_from_the_command_line(tmp_path):
     assert res.returncode == 2
     assert "script=" in res.stderr and "missing.py" in res.stderr and "no such file" in res.stderr
     assert res.stdout == ""
+
+
+def test_a_master_port_in_use_is_a_usage_error_before_any_rank_starts(tmp_path):
+    job = script(tmp_path, "write_pid()\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = run("--nproc-per-node", "2", "--master-port", port, job)
+        # node 1 does not hold rank 0, which serves the store: no check there
+        on_node_1 = parse_args(["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                                "--master-port", str(port), str(job)])
+    assert res.returncode == 2
+    assert res.stderr == (
+        f"tensorplay-run: error: --master-port={port}: is already in use on 127.0.0.1 (another "
+        f"program or job listens there), where rank 0 must serve the rendezvous store. Fix: "
+        f"pick another --master-port, or omit it on one node to get a free one.\n")
+    assert list(tmp_path.glob("pid_*")) == []  # no rank started
+    assert on_node_1.master_port == port
+
+
+# ----------------------------------------------------------------------------- the summary
+
+
+@pytest.mark.slow
+def test_the_rank_that_raised_first_is_named_even_when_another_exits_first(tmp_path):
+    job = script(tmp_path, """
+        import atexit
+        if RANK == 1:  # raises first, then lingers at exit (reported, printed, not exited)
+            atexit.register(lambda: ((HERE / "raised").write_text("x"), time.sleep(60)))
+            raise ValueError("bad lr")
+        if RANK == 0:  # exits first, after rank 1 raised
+            while not (HERE / "raised").exists():
+                time.sleep(0.02)
+            sys.exit(3)
+        time.sleep(60)
+    """)
+    res = run("--nproc-per-node", "3", "--stop-grace-s", "2", job)
+    assert res.returncode == 1
+    assert res.stderr.splitlines()[-1] == (
+        "tensorplay-run: rank 1 failed first (stopped while exiting): ValueError: bad lr; then "
+        "rank 0 failed too; stopped rank 2.")
+    assert "[rank 1] ValueError: bad lr" in res.stderr
+
+
+TORCH_LIKE_HOOK = """
+import atexit, io
+def hook(t, v, tb, old=sys.excepthook):  # what torch's init_process_group installs
+    buf, sys.stderr = sys.stderr, io.StringIO()
+    try:
+        old(t, v, tb)
+    finally:
+        buf, sys.stderr = sys.stderr, buf
+    lines = buf.getvalue().split("\\n")
+    sys.stderr.write("\\n".join(f"[rank{RANK}]: {s}" if s else "" for s in lines))
+sys.excepthook = hook
+"""
+
+
+@pytest.mark.slow
+def test_identical_tracebacks_print_once_labelled_with_their_ranks(tmp_path):
+    job = script(tmp_path, TORCH_LIKE_HOOK + textwrap.dedent("""
+        def check(step):
+            if RANK == 3:
+                atexit.register(lambda: (HERE / "three").write_text("x"))
+                raise KeyError("lr")
+            while not (HERE / "three").exists():
+                time.sleep(0.02)
+            raise RuntimeError(f"step {step}: rank 3 (pid {os.getpid()}) is gone")
+        check(7)
+    """))
+    res = run("--nproc-per-node", "4", "--log-dir", tmp_path / "logs", job)
+    assert res.returncode == 1
+    err = res.stderr
+    assert err.count("Traceback (most recent call last):") == 2, err
+    assert re.search(r"\[rank\d\]", err) is None, err  # torch's tag is not doubled
+    three, others = err.index("[rank 3] KeyError: 'lr'"), err.index("[ranks 0-2] RuntimeError")
+    assert three < others  # the first failure's block first
+    assert re.search(r"^\[ranks 0-2\] RuntimeError: step 7: rank 3 \(pid \d+\) is gone$", err,
+                     re.MULTILINE)
+    assert err.splitlines()[-1] == (
+        "tensorplay-run: rank 3 failed first (exit code 1): KeyError: 'lr'; then ranks 0-2 "
+        "failed too.")
+    for r in range(4):  # the log files keep every rank's own lines, torch's tag included
+        log = (tmp_path / "logs" / f"rank_{r}.log").read_text()
+        assert f"[rank{r}]: Traceback (most recent call last):" in log
+
+
+@pytest.mark.slow
+def test_a_hidden_rank_that_raised_shows_its_tail_and_traceback(tmp_path):
+    job = script(tmp_path, """
+        if RANK == 1:
+            print("loading shard 1", flush=True)
+            raise ValueError("bad shard")
+        time.sleep(60)
+    """)
+    res = run("--nproc-per-node", "2", "--log-ranks", "0", job)
+    assert res.returncode == 1
+    assert "[rank 1]" not in res.stdout
+    assert "[rank 1] loading shard 1" in res.stderr
+    assert res.stderr.count("[rank 1] Traceback (most recent call last):") == 1
+    assert res.stderr.splitlines()[-1] == (
+        "tensorplay-run: rank 1 failed first (exit code 1): ValueError: bad shard; stopped rank 0.")
+
+
+@pytest.mark.slow
+def test_ranks_that_die_after_finishing_are_not_the_cause(tmp_path):
+    job = script(tmp_path, """
+        import atexit
+        write_pid()
+        while len(list(HERE.glob("pid_?"))) < 4:
+            time.sleep(0.02)
+        if RANK == 0:
+            time.sleep(60)  # still in its script: a collective the others never joined
+        atexit.register(os.abort)  # dies at exit, as a C++ destructor's terminate() would
+    """)
+    res = run("--nproc-per-node", "4", "--settle-s", "3", job)
+    assert res.returncode == 128 + signal.SIGABRT
+    assert res.stderr.splitlines()[-1] == (
+        "tensorplay-run: ranks 1-3 finished their script, then died at exit (killed by signal "
+        "SIGABRT); rank 0 had not finished its script (stopped).")
+    assert_all_gone(read_pids(tmp_path, 4))
+
+
+@pytest.mark.slow
+def test_the_rank_whose_script_raised_is_named_before_those_that_died_at_exit(tmp_path):
+    job = script(tmp_path, """
+        import atexit
+        write_pid()
+        while len(list(HERE.glob("pid_?"))) < 4:
+            time.sleep(0.02)
+        if RANK == 0:
+            atexit.register(lambda: (HERE / "zero").write_text("x"))  # runs once it reported
+            raise RuntimeError("all_reduce(): a peer rank died")
+        def die_after_rank_0():  # at exit, once rank 0 has raised: terminate(), as in C++
+            while not (HERE / "zero").exists():
+                time.sleep(0.02)
+            os.abort()
+        atexit.register(die_after_rank_0)
+    """)
+    res = run("--nproc-per-node", "4", "--settle-s", "5", job)
+    assert res.returncode == 1
+    assert res.stderr.splitlines()[-1] == (
+        "tensorplay-run: rank 0 failed first (exit code 1): RuntimeError: all_reduce(): a peer "
+        "rank died; ranks 1-3 finished their script, then died at exit (killed by signal "
+        "SIGABRT).")
+
+
+# ----------------------------------------------------------------------------- no orphans
+
+
+@pytest.mark.slow
+def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path):
+    job = script(tmp_path, """
+        write_pid()
+        while True:
+            time.sleep(0.1)
+    """)
+    launcher = subprocess.Popen([*LAUNCHER, "--nproc-per-node", "4", str(job)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids: list[int] = []
+    try:
+        pids = read_pids(tmp_path, 4)
+        assert all(alive(p) for p in pids)
+        launcher.kill()  # SIGKILL: no handler of the launcher runs
+        launcher.wait(timeout=10)
+        assert_all_gone(pids, within_s=5)
+    finally:
+        launcher.kill()
+        launcher.wait()
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+# ----------------------------------------------------------------------------- threads
+
+
+@pytest.mark.slow
+def test_omp_num_threads_is_one_per_rank_unless_set_and_said_once(tmp_path):
+    job = script(tmp_path, """
+        (HERE / f"omp_{RANK}").write_text(os.environ.get("OMP_NUM_THREADS", "unset"))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+
+    def threads() -> list[str]:
+        return [(tmp_path / f"omp_{r}").read_text() for r in range(2)]
+
+    res = run("--nproc-per-node", "2", job, env=env)
+    assert res.returncode == 0, res.stderr
+    assert threads() == ["1", "1"]
+    assert res.stderr.count("OMP_NUM_THREADS") == 1
+    assert res.stderr.startswith("tensorplay-run: setting OMP_NUM_THREADS=1 for every rank, as "
+                                 "torchrun does")
+    res = run("--nproc-per-node", "2", job, env={**env, "OMP_NUM_THREADS": "3"})
+    assert res.returncode == 0, res.stderr
+    assert threads() == ["3", "3"]
+    assert "OMP_NUM_THREADS" not in res.stderr
+
+
+# ----------------------------------------------------------------------------- a real job
+
+MISMATCH = """\
+import tensorplay.distributed as dist
+from tensorplay.distributed.device_mesh import init_device_mesh
+dist.init_process_group("gloo", timeout=60)
+init_device_mesh("cpu", (4, 1) if dist.get_rank() == 3 else (2, 2))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_a_real_mesh_mismatch_prints_one_traceback_and_all_ranks_failing_alike(tmp_path):
+    job = tmp_path / "mismatch.py"
+    job.write_text(MISMATCH)
+    res = run("--nproc-per-node", "4", "--settle-s", "10", job, timeout=240)
+    assert res.returncode == 1, res.stderr[-3000:]
+    err = res.stderr
+    assert err.count("Traceback (most recent call last):") == 1, err
+    assert re.search(r"\[rank\d\]", err) is None, err  # torch's excepthook tag is taken off
+    assert ("[ranks 0-3] tensorplay.distributed.errors.MeshMismatchError: ranks disagree on "
+            "mesh_shape in init_device_mesh()") in err
+    assert err.splitlines()[-1] == (
+        "tensorplay-run: all 4 ranks failed alike (exit code 1): MeshMismatchError: ranks "
+        "disagree on mesh_shape in init_device_mesh(); every rank must pass the same value: "
+        "(2, 2): passed by ranks 0-2; (4, 1): passed by rank 3.")

@@ -1,0 +1,209 @@
+"""How the ranks of a job ended, and the one summary line the launcher prints about it (pure).
+
+The launcher knows three things per rank: the report of ``_rank_main`` (how the script ended,
+and when), the exit status, and whether the launcher itself stopped it. From them each rank is
+
+- ``failed``: its script raised or called ``sys.exit(n != 0)``, or it died while its script
+  ran (no report, a non-zero status, not stopped by us); it failed at the report's time, or at
+  its exit;
+- ``after``: its script finished, then the process died at exit (``terminate called without an
+  active exception``: SIGABRT from a C++ destructor) or hung there until stopped;
+- ``stopped``: still in its script when the launcher stopped it;
+- ``ok``.
+
+The cause is the failed rank that failed first in time; ranks that failed alike (the same error
+once pids and addresses are blanked, or the same status) are named together. Only when no
+script failed are the ranks that died after finishing the cause. Worked examples::
+
+    rank 1 failed first (exit code 3); stopped ranks 0, 2-3
+    all 4 ranks failed alike (exit code 1): MeshMismatchError: ranks disagree on mesh_shape ...
+    rank 0 failed first (exit code 1): RankFailedError: ...; ranks 1-3 finished their script,
+        then died at exit (killed by signal SIGABRT)
+    ranks 1-3 finished their script, then died at exit (killed by signal SIGABRT); rank 0 had
+        not finished its script (stopped)
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+
+from tensorplay.distributed.errors import format_ranks
+
+_VARYING = [  # what differs between ranks that failed alike: blanked before comparing
+    (re.compile(r"\bpid \d+"), "pid N"),
+    (re.compile(r"\[[0-9a-fA-F.:]+\]:\d+"), "ADDR"),  # [127.0.0.1]:9368, [::1]:80
+    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}:\d+\b"), "ADDR"),  # 10.0.0.1:29500
+    (re.compile(r"\b0x[0-9a-fA-F]+\b"), "0x?"),
+]
+
+
+def blank_varying(text: str) -> str:
+    """text with pids, addresses and hex pointers blanked, so ranks' reports compare equal."""
+    for pattern, stand_in in _VARYING:
+        text = pattern.sub(stand_in, text)
+    return text
+
+
+SUMMARY_CHARS = 240  # the error in a summary line is cut here, at a word
+
+
+def shorten(what: str) -> str:
+    """An error for the summary line: without its 'Fix: ...' advice (the traceback printed
+    above has it) and no longer than SUMMARY_CHARS."""
+    what = re.split(r"(?:^|\s)Fix:\s", what, maxsplit=1)[0].rstrip(" .;")
+    if len(what) > SUMMARY_CHARS:
+        what = what[:SUMMARY_CHARS].rsplit(" ", 1)[0] + " ..."
+    return what
+
+
+def describe(code: int) -> str:
+    """Word a Popen return code: 'exit code 1' or 'killed by signal SIGKILL'."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+def exit_status(code: int) -> int:
+    """The launcher's own exit status for a rank's Popen code: itself, or 128+signal."""
+    return code if code >= 0 else 128 - code
+
+
+def ranks_phrase(ranks: list[int]) -> str:
+    """'rank 3' or 'ranks 0-2, 5'."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+
+
+@dataclass
+class RankEnd:
+    """What the launcher saw of one rank; filled in as events arrive.
+
+    ``report`` is the JSON object ``_rank_main`` sent (``event``: returned / exit / raised; ``t``:
+    time.monotonic(); ``code``; ``what``); ``code`` the Popen return code; ``exit_t`` when the
+    launcher saw the exit; ``stop_t`` when the launcher signalled it, if it was still running.
+    """
+
+    rank: int
+    report: dict | None = None
+    code: int | None = None
+    exit_t: float | None = None
+    stop_t: float | None = None
+
+    def word(self) -> dict | None:
+        """The report, if the rank made it before the launcher stopped it."""
+        rep = self.report
+        if rep is None or (self.stop_t is not None and rep["t"] > self.stop_t):
+            return None
+        return rep
+
+    def kind(self) -> str:
+        """'failed', 'after', 'stopped' or 'ok' (see the module docstring)."""
+        rep = self.word()
+        if rep is not None and rep["event"] != "returned":
+            return "failed"
+        if rep is not None:
+            return "after" if self.stop_t is not None or self.code else "ok"
+        if self.stop_t is not None:
+            return "stopped"
+        return "failed" if self.code else "ok"
+
+    def when(self) -> float:
+        """When it failed: its report, else its exit as the launcher saw it."""
+        rep = self.word()
+        return rep["t"] if rep is not None else (self.exit_t or 0.0)
+
+    def status(self) -> int:
+        """Its Popen code; for a rank stopped while exiting, the code its script chose."""
+        rep = self.word()
+        if self.stop_t is not None and rep is not None and rep["event"] != "returned":
+            return int(rep.get("code", 1))
+        return self.code or 0
+
+    def fate(self) -> str:
+        """'exit code 1', 'killed by signal SIGKILL', or 'stopped while exiting' (it had failed
+        and was still exiting when the launcher stopped it)."""
+        rep = self.word()
+        if self.stop_t is not None and rep is not None and rep["event"] != "returned":
+            return "stopped while exiting"
+        return describe(self.status())
+
+    def what(self) -> str | None:
+        """'ValueError: bad lr' (or a sys.exit message); None when there is none."""
+        rep = self.word()
+        return rep.get("what") if rep is not None else None
+
+    def chosen(self) -> int:
+        """The code its script chose (1 for an exception), else its Popen code."""
+        rep = self.word()
+        return int(rep.get("code", 1)) if rep is not None else self.status()
+
+    def alike_key(self) -> tuple[str | None, int]:
+        """Equal for ranks that failed the same way."""
+        what = self.what()
+        return (blank_varying(what) if what else None, self.chosen())
+
+    def exit_fate(self) -> str:
+        """'died at exit (killed by signal SIGABRT)', or 'did not exit (stopped)'."""
+        if self.stop_t is not None:
+            return "did not exit (stopped)"
+        return f"died at exit ({describe(self.code or 0)})"
+
+
+def _their(ranks: list[int]) -> str:
+    return "its" if len(ranks) == 1 else "their"
+
+
+def _cause(failed: list[RankEnd], n_ranks: int, node_ranks: str) -> tuple[list[str], int]:
+    """The clauses about failed scripts: the first (with those that failed alike), the rest."""
+    first = min(failed, key=lambda e: (e.when(), e.rank))
+    alike = [e.rank for e in failed if e.alike_key() == first.alike_key()]
+    what = first.what()
+    # a group is worded by the code its scripts chose: some may have been stopped while exiting
+    fate = first.fate() if len(alike) == 1 else describe(first.chosen())
+    said = f" ({fate})" + (f": {shorten(what)}" if what else "")
+    if len(alike) == n_ranks > 1:
+        parts = [f"all {n_ranks} {node_ranks} failed alike{said}"]
+    elif len(alike) > 1:
+        parts = [f"{ranks_phrase(alike)} failed first, alike{said}"]
+    else:
+        parts = [f"rank {first.rank} failed first{said}"]
+    others = [e.rank for e in failed if e.rank not in alike]
+    if others:
+        parts.append(f"then {ranks_phrase(others)} failed too")
+    return parts, exit_status(first.status())
+
+
+def summarize(ends: list[RankEnd], *, node_ranks: str = "ranks") -> tuple[str, int]:
+    """(the summary line without the program name, the launcher's exit status) of a failed job.
+
+    ``node_ranks`` words "all N ranks" on a multi-node job ("ranks on this node").
+    """
+    by_kind: dict[str, list[RankEnd]] = {"failed": [], "after": [], "stopped": [], "ok": []}
+    for end in sorted(ends, key=lambda e: e.rank):
+        by_kind[end.kind()].append(end)
+    failed, after, stopped = by_kind["failed"], by_kind["after"], by_kind["stopped"]
+    if failed:
+        parts, code = _cause(failed, len(ends), node_ranks)
+    else:
+        parts, code = [], 1
+        died = [e for e in after if e.stop_t is None]
+        if died:
+            code = exit_status(min(died, key=lambda e: (e.exit_t or 0.0, e.rank)).code or 0)
+    fates: dict[str, list[int]] = {}
+    for end in after:
+        fates.setdefault(end.exit_fate(), []).append(end.rank)
+    for fate, ranks in fates.items():
+        parts.append(f"{ranks_phrase(ranks)} finished {_their(ranks)} script, then {fate}")
+    if stopped:
+        ranks = [e.rank for e in stopped]
+        parts.append(f"stopped {ranks_phrase(ranks)}" if failed else
+                     f"{ranks_phrase(ranks)} had not finished {_their(ranks)} script (stopped)")
+    if len(parts) == 1 and failed and not parts[0].startswith("all ") and len(ends) > 1:
+        parts.append("no other rank was still running")
+    if not parts:
+        parts.append("no rank failed")
+    return "; ".join(parts) + ".", code

@@ -1,0 +1,213 @@
+"""What tensorplay-run starts in each rank: the user's script, plus two promises to the launcher.
+
+``python -c LOADER --file train.py --lr 0.1`` (or ``--module mypkg.train ...``), where LOADER
+loads this file by path (no package import, so a rank starts as fast as before) and calls
+``main()``. The script then runs as ``python train.py --lr 0.1`` would run it: the same
+``sys.argv``, ``sys.path[0]``, ``__main__`` module (the interpreter's own, with ``__file__``,
+``__loader__``, ``__spec__``), the same traceback on stderr and the same exit code. ``-m``
+goes through ``runpy._run_module_as_main``, the function ``python -m`` itself calls.
+
+The two promises, both standard library only:
+
+1. **Die with the launcher.** On Linux, ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel kills
+   this rank when the launcher dies, even by SIGKILL. A launcher that died before the call is
+   caught by comparing ``getppid()`` with the launcher's pid. Elsewhere a daemon thread polls
+   ``getppid()`` once a second.
+2. **Say how the script ended**, over a pipe the launcher passed (``TENSORPLAY_RUN_REPORT_FD``):
+   one JSON line, written before the interpreter prints or exits, so the launcher tells "raised
+   ValueError at 12.3 s" from "returned, then died at exit" without guessing from text::
+
+       {"event": "returned", "t": 12.3}
+       {"event": "exit", "t": 12.3, "code": 3, "what": null}        # sys.exit(3)
+       {"event": "raised", "t": 12.3, "code": 1, "what": "ValueError: bad lr",
+        "first": "Traceback (most recent call last):"}
+
+   ``t`` is ``time.monotonic()``, the clock the launcher reads too (one machine); ``first`` is
+   the first line of the traceback about to be printed, where the launcher starts holding the
+   block back to print identical ones once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+REPORT_FD = "TENSORPLAY_RUN_REPORT_FD"
+PARENT_PID = "TENSORPLAY_RUN_PARENT_PID"
+WHAT_CHARS = 1000  # a report's one-line "Type: message" is cut here (one pipe write)
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def loader_command() -> str:
+    """The ``python -c`` program that loads this file and runs ``main()``; it binds no name in
+    __main__ and imports only importlib.util (no package, no runpy), so a rank starts fast."""
+    return ("(lambda util: (lambda spec: (lambda mod: spec.loader.exec_module(mod) or mod.main())"
+            "(util.module_from_spec(spec)))(util.spec_from_file_location("
+            f"'tensorplay_rank_main', {__file__!r})))(__import__('importlib.util').util)")
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when the launcher dies; exit now if it already has."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    else:
+        import threading
+
+        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True,
+                         name="tensorplay-run parent watch").start()
+    if os.getppid() != parent_pid:  # it died before the call above: nobody will signal us
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Where there is no parent-death signal: poll, and die once the launcher is gone."""
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def one_line(exc: BaseException) -> str:
+    """'Type: message' on one line: the message's lines joined, cut to WHAT_CHARS."""
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the failure
+        message = "<unprintable>"
+    text = type(exc).__qualname__
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if lines:
+        joined = lines[0]
+        for line in lines[1:]:
+            joined += (" " if joined.endswith((":", ";")) else "; ") + line
+        text += f": {joined}"
+    return text if len(text) <= WHAT_CHARS else text[:WHAT_CHARS - 3] + "..."
+
+
+class Reporter:
+    """Writes the report lines to the launcher's pipe; silent without one (or once it is gone)."""
+
+    def __init__(self, fd: int | None):
+        self.fd = fd
+
+    def send(self, event: str, **fields: object) -> None:
+        if self.fd is None:
+            return
+        import json
+
+        line = json.dumps({"event": event, "t": time.monotonic(), **fields}) + "\n"
+        try:
+            os.write(self.fd, line.encode())  # < PIPE_BUF (4 KiB): one atomic write
+        except OSError:  # the launcher is gone; the parent-death signal ends us
+            self.fd = None
+
+    def exited(self, exc: SystemExit) -> None:
+        """sys.exit(code): a code of None or 0 is success, an int its own code, anything else 1
+        (printed), as the interpreter does."""
+        code = exc.code
+        if code is None or code == 0:
+            self.send("returned")
+        elif isinstance(code, int):
+            self.send("exit", code=code, what=None)
+        else:
+            self.send("exit", code=1, what=str(code)[:WHAT_CHARS])
+
+    def raised(self, exc: BaseException, first: str | None) -> None:
+        self.send("raised", code=1, what=one_line(exc), first=first)
+
+
+def _trim(tb, ours: set[str]):
+    """The traceback without the frames of this file and of the ``python -c`` loader."""
+    while tb is not None and tb.tb_frame.f_code.co_filename in ours:
+        tb = tb.tb_next
+    return tb
+
+
+def _print_uncaught(exc: BaseException) -> None:
+    """Print exc as the interpreter prints an uncaught exception: through sys.excepthook."""
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+    if sys.version_info >= (3, 12):
+        sys.last_exc = exc
+    try:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    except BaseException as hook_error:  # noqa: BLE001 - what the interpreter does, too
+        print("Error in sys.excepthook:", file=sys.stderr)
+        sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
+        print("\nOriginal exception was:", file=sys.stderr)
+        sys.__excepthook__(type(exc), exc, exc.__traceback__)
+
+
+def _quiet_excepthook(*_args: object) -> None:
+    """Installed after the script's exception was printed once: the interpreter's own report
+    of the same exception, as it leaves, prints nothing more."""
+
+
+def _run_file(path: str) -> None:
+    """Run a script file in the interpreter's __main__ module, as ``python path`` does."""
+    from importlib.machinery import SourceFileLoader
+
+    filename = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)  # not normalised
+    try:
+        with open(filename, "rb") as f:
+            source = f.read()
+    except OSError as err:  # the interpreter's own words and status
+        print(f"{sys.executable}: can't open file {filename!r}: [Errno {err.errno}] "
+              f"{err.strerror}", file=sys.stderr)
+        raise SystemExit(2) from None
+    main = sys.modules["__main__"]  # the loader bound no name in it
+    main.__file__ = filename
+    main.__cached__ = None
+    main.__loader__ = SourceFileLoader("__main__", filename)
+    exec(compile(source, filename, "exec", dont_inherit=True), vars(main))
+
+
+def _set_path0(entry: str) -> None:
+    """Put sys.path[0] where the interpreter would (the loader's '' is there now)."""
+    if sys.version_info >= (3, 11) and sys.flags.safe_path:
+        return  # -P / PYTHONSAFEPATH: the interpreter adds no entry
+    if sys.path and sys.path[0] == "":
+        sys.path[0] = entry
+    else:
+        sys.path.insert(0, entry)
+
+
+def main() -> None:
+    """Entry point in the rank: ``--file PATH ARGS...`` or ``--module NAME ARGS...``."""
+    fd = os.environ.pop(REPORT_FD, None)
+    parent = os.environ.pop(PARENT_PID, None)
+    if parent is not None:
+        die_with_parent(int(parent))
+    if fd is not None:
+        os.set_inheritable(int(fd), False)  # the script's own subprocesses never hold it
+    report = Reporter(None if fd is None else int(fd))
+    kind, target, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+    ours = {__file__, "<string>"}
+    try:
+        if kind == "--module":
+            import runpy
+
+            sys.argv = ["-m", *args]  # _run_module_as_main sets argv[0] to the module's file
+            _set_path0(os.getcwd())
+            runpy._run_module_as_main(target, alter_argv=True)
+        else:
+            sys.argv = [target, *args]
+            _set_path0(os.path.dirname(os.path.realpath(target)))
+            _run_file(target)
+    except SystemExit as exc:
+        report.exited(exc)
+        raise
+    except BaseException as exc:  # noqa: BLE001 - reported, printed, then re-raised
+        import traceback
+
+        exc.__traceback__ = _trim(exc.__traceback__, ours)
+        lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+        first = "".join(lines).splitlines()[0] if lines else None
+        report.raised(exc, first)
+        _print_uncaught(exc)
+        sys.excepthook = _quiet_excepthook
+        raise  # the interpreter exits as for any uncaught exception (1, or SIGINT)
+    report.send("returned")

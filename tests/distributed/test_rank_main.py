@@ -1,0 +1,159 @@
+"""_rank_main runs a rank's script exactly as ``python`` would, reports how it ended, and dies
+with its launcher. Each case runs one plain ``python`` child and one under the bootstrap."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tensorplay.distributed import _rank_main
+
+PROBE = '''\
+"""a probe"""
+import json, os, pickle, sys
+class Thing:
+    pass
+print(json.dumps({
+    "argv": sys.argv, "path0": sys.path[0], "name": __name__, "file": __file__,
+    "spec": None if __spec__ is None else __spec__.name, "package": __package__,
+    "doc": __doc__, "loader": type(__loader__).__name__, "loader_name": __loader__.name,
+    "builtins": type(__builtins__).__name__, "cached": globals().get("__cached__"),
+    "globals": sorted(globals()), "main": sys.modules["__main__"].__dict__ is globals(),
+    "pickled": type(pickle.loads(pickle.dumps(Thing()))).__name__,
+    "private_env": sorted(k for k in os.environ if k.startswith("TENSORPLAY_RUN_")),
+}))
+'''
+
+ENDINGS = {
+    "returns": "print('done')\n",
+    "raises": """\
+        def inner():
+            raise ValueError("bad lr\\nsecond line")
+        try:
+            {}["lr"]
+        except KeyError:
+            inner()
+    """,
+    "exits 3": "import sys; sys.exit(3)\n",
+    "exits with a message": "import sys; sys.exit('rank 1 broke')\n",
+    "keyboard interrupt": "raise KeyboardInterrupt\n",
+    "syntax error": "x = (\n",
+    "custom excepthook": """\
+        import sys
+        def hook(t, v, tb):
+            sys.stderr.write(f"[rank7]: {t.__name__}: {v}\\n")
+        sys.excepthook = hook
+        raise OSError("disk full")
+    """,
+}
+
+
+def run(argv: list[str], cwd: Path, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=30,
+                          env={**os.environ, **(env or {})}, **kw)
+
+
+def boot(kind: str, target: str, *args: str) -> list[str]:
+    return [sys.executable, "-c", _rank_main.loader_command(), kind, target, *args]
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """tmp_path/sub/probe.py, a package tmp_path/pkg with probe and ending modules."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "probe.py").write_text(PROBE)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "probe.py").write_text(PROBE)
+    for i, body in enumerate(ENDINGS.values()):
+        (tmp_path / "sub" / f"end{i}.py").write_text(textwrap.dedent(body))
+        (tmp_path / "pkg" / f"end{i}.py").write_text(textwrap.dedent(body))
+    return tmp_path
+
+
+def same(plain: subprocess.CompletedProcess, booted: subprocess.CompletedProcess) -> None:
+    assert (booted.stdout, booted.stderr, booted.returncode) == (
+        plain.stdout, plain.stderr, plain.returncode)
+
+
+def test_a_file_sees_what_python_gives_it(tree):
+    argv = ["sub/../sub/probe.py", "--lr", "0.1", "-m", "x y"]
+    plain = run([sys.executable, *argv], tree)
+    booted = run(boot("--file", *argv), tree, {_rank_main.PARENT_PID: str(os.getpid())})
+    same(plain, booted)
+    seen = json.loads(booted.stdout)
+    assert seen["argv"] == argv and seen["path0"] == str(tree / "sub")
+    assert seen["main"] and seen["pickled"] == "Thing" and seen["private_env"] == []
+
+
+def test_a_module_sees_what_python_m_gives_it(tree):
+    plain = run([sys.executable, "-m", "pkg.probe", "a", "--b"], tree)
+    booted = run(boot("--module", "pkg.probe", "a", "--b"), tree)
+    same(plain, booted)
+    assert json.loads(booted.stdout)["argv"] == [str(tree / "pkg" / "probe.py"), "a", "--b"]
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_output_and_exit_code_are_pythons(tree, ending):
+    i = list(ENDINGS).index(ending)
+    script, module = f"sub/end{i}.py", f"pkg.end{i}"
+    same(run([sys.executable, script], tree), run(boot("--file", script), tree))
+    same(run([sys.executable, "-m", module], tree), run(boot("--module", module), tree))
+
+
+def test_missing_module_and_file_are_reported_as_python_does(tree):
+    same(run([sys.executable, "-m", "pkg.nope"], tree), run(boot("--module", "pkg.nope"), tree))
+    same(run([sys.executable, "nope.py"], tree), run(boot("--file", "nope.py"), tree))
+
+
+def reports(tree: Path, script: str) -> tuple[list[dict], subprocess.CompletedProcess]:
+    """Run a script under the bootstrap with a report pipe; the reports it wrote."""
+    read_end, write_end = os.pipe()
+    try:
+        done = run(boot("--file", script), tree, {_rank_main.REPORT_FD: str(write_end)},
+                   pass_fds=(write_end,))
+        os.close(write_end)
+        write_end = -1
+        with os.fdopen(read_end, "rb") as pipe:
+            read_end = -1
+            return [json.loads(line) for line in pipe.read().splitlines()], done
+    finally:
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
+
+
+@pytest.mark.parametrize(("ending", "expected"), [
+    ("returns", {"event": "returned"}),
+    ("exits 3", {"event": "exit", "code": 3, "what": None}),
+    ("exits with a message", {"event": "exit", "code": 1, "what": "rank 1 broke"}),
+    ("raises", {"event": "raised", "code": 1, "what": "ValueError: bad lr; second line",
+                "first": "Traceback (most recent call last):"}),
+    ("syntax error", {"event": "raised", "code": 1,
+                      "what": "SyntaxError: '(' was never closed (end5.py, line 1)",
+                      "first": '  File "{tree}/sub/end5.py", line 1'}),
+])
+def test_the_report_says_how_the_script_ended(tree, ending, expected):
+    got, done = reports(tree, f"sub/end{list(ENDINGS).index(ending)}.py")
+    assert len(got) == 1, (got, done.stderr)
+    assert isinstance(got[0].pop("t"), float)
+    expected = {k: v.format(tree=tree) if isinstance(v, str) else v for k, v in expected.items()}
+    if "first" in expected:
+        assert done.stderr.startswith(expected["first"])
+    assert got[0] == expected
+
+
+def test_a_launcher_that_is_already_gone_stops_the_rank_before_its_script(tree):
+    marker = tree / "ran"
+    (tree / "job.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    gone = os.getpid() + 10**7  # not the child's parent: as if the launcher had died already
+    done = run(boot("--file", "job.py"), tree, {_rank_main.PARENT_PID: str(gone)})
+    assert done.returncode == -signal.SIGKILL
+    assert not marker.exists()
