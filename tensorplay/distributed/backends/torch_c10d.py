@@ -312,6 +312,18 @@ class TorchEngine:
         """The rank array as an int64 tensor sharing its memory."""
         return torch.from_numpy(array)
 
+    def to_native_mesh(self, view: Any, root: Any) -> Any:
+        """torch's DeviceMesh over the view's c10d groups (``torch_mesh.py``)."""
+        from .torch_mesh import to_native
+
+        return to_native(view, root)
+
+    def mesh_from_native(self, obj: object) -> Any:
+        """torch's DeviceMesh ``obj`` described for adoption (``torch_mesh.py``)."""
+        from .torch_mesh import from_native
+
+        return from_native(obj)
+
     def destroy(self) -> None:
         """Tear c10d down (all groups)."""
         self._cuda_device = None
