@@ -400,11 +400,6 @@ class DeviceMesh:
                            "pass the DeviceMesh a library built, e.g. its init_device_mesh()")
         root = found.root or found
         mesh = _adopt(world, root, "DeviceMesh.from_torch()")
-        if found.root is not None and not mesh._groups:
-            raise NotAMemberError(
-                f"DeviceMesh.from_torch(): rank {world.rank} is not in torch_mesh's root mesh, "
-                f"so its slice {found.names} has no ranks here. Fix: adopt the root mesh on "
-                "this rank, or call it only on the root's ranks.")
         world.native_mesh(mesh, lambda: root.obj)  # to_torch() gives the library's mesh back
         if found.root is not None:
             mesh = mesh[found.names]

@@ -156,7 +156,13 @@ def from_torch_job(rank: int):
     made = tuple(a - b for a, b in zip(_counts(), before, strict=True))
     x = torch.tensor([float(rank)])
     dist.all_reduce(x, group=adopted.get_group("lib_b"))
-    return {"back": back == mesh, "back_torch": back.to_torch() is tm, "tp": tp == mesh["tp"],
+    subset = MESHES["subset"]()  # [[0, 2], [4, 6]]
+    try:
+        sub_slice = DeviceMesh.from_torch(subset.to_torch()["y"]) == subset["y"]
+    except RuntimeError as err:  # torch 2.13 cannot slice a mesh on a rank outside it
+        sub_slice = str(err)
+    return {"sub_slice": sub_slice, "back": back == mesh, "back_torch": back.to_torch() is tm,
+            "tp": tp == mesh["tp"],
             "adopted": adopted.mesh.tolist(), "adopted_names": adopted.mesh_dim_names,
             "adopted_torch": adopted.to_torch() == library, "made": made,
             "slice": adopted_slice == adopted["lib_b"], "sum": x.item(),
@@ -172,6 +178,11 @@ def test_from_torch_adopts_a_torch_mesh_and_its_slices(world8):
         assert out["adopted_torch"] and out["slice"] and out["made"] == (0, 0)
         assert out["groups"] == [_line(array, rank, 0), _line(array, rank, 1)]
         assert out["sum"] == sum(_line(array, rank, 1))
+        if rank % 2 == 0:
+            assert out["sub_slice"] is True
+        else:
+            assert out["sub_slice"].startswith("In order to get the mesh Tensor of a "
+                                               "DeviceMesh it needs"), out["sub_slice"]
 
 
 def permuted_torch_job(rank: int):
