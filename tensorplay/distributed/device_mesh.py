@@ -363,14 +363,20 @@ class DeviceMesh:
         anchor = world.rank if self._groups else self._spec.rank_at((0,) * self.ndim)
         dims = self._spec.root_dims(self._root, anchor)
         root = self._root_mesh(dims)
-        names, root_names = self.mesh_dim_names, self._root.names or ()
-        merged = tuple(root_names[i] for i in dims[0]) if root_names else ()
-        flatten_of = None
-        if names and len(dims) == 1 and len(merged) > 1 and \
-                world.flattened_names(self._root_key()).get(names[0]) == merged:
-            flatten_of = names[0]
+        names, flatten_of = self.mesh_dim_names, None
+        if names and len(dims) == 1:  # a flatten the root answers to, by this name?
+            merged = self._flattened_dims(names[0])
+            if merged is not None and dims[0] == tuple(
+                    i for i in merged if self._root.shape[i] > 1):
+                flatten_of = names[0]
         view = MeshView(self._device_type, names, groups, root_dims=dims, flatten_of=flatten_of)
         return world.engine.to_native_mesh(view, root._native())
+
+    def _flattened_dims(self, name: str) -> tuple[int, ...] | None:
+        """The root dims that ``name`` flattens in the world's registry, None if none."""
+        merged = self._world.flattened_names(self._root_key()).get(name)
+        root_names = self._root.names or ()
+        return None if merged is None else tuple(root_names.index(n) for n in merged)
 
     def _root_mesh(self, dims: tuple[tuple[int, ...], ...]) -> DeviceMesh:
         """The root this mesh was sliced or flattened from, on its groups in the world's

@@ -26,12 +26,12 @@ from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 from ..device_mesh import DeviceMesh
 from ..errors import bad_type
 
-__all__ = ["DTensor", "Partial", "Placement", "Replicate", "Shard", "distribute_module",
-           "distribute_tensor", "torch_mesh"]
+__all__ = ["DTensor", "Partial", "Placement", "Replicate", "Shard", "as_torch_mesh",
+           "distribute_module", "distribute_tensor"]
 
 
-def torch_mesh(device_mesh: DeviceMesh | _TorchMesh | None, name: str = "device_mesh"
-               ) -> _TorchMesh | None:
+def as_torch_mesh(device_mesh: DeviceMesh | _TorchMesh | None, name: str = "device_mesh"
+                  ) -> _TorchMesh | None:
     """torch's DeviceMesh for ``device_mesh``: ours converted with ``to_torch()``, torch's as
     it is, None as None (torch then takes the mesh of an enclosing ``with torch_mesh:``)."""
     if device_mesh is None or isinstance(device_mesh, _TorchMesh):
@@ -52,7 +52,7 @@ def distribute_tensor(
     """Split (``Shard(d)``) or copy (``Replicate()``) ``tensor`` over the mesh, taking rank
     ``src_data_rank``'s values: on a 4-rank mesh, ``Shard(0)`` of an (8, 16) tensor leaves a
     (2, 16) block on each rank. torch's ``distribute_tensor`` on ``device_mesh.to_torch()``."""
-    return _torch_tensor.distribute_tensor(tensor, torch_mesh(device_mesh), placements,
+    return _torch_tensor.distribute_tensor(tensor, as_torch_mesh(device_mesh), placements,
                                            src_data_rank=src_data_rank)
 
 
@@ -67,7 +67,7 @@ def distribute_module(
     parameters into DTensors (it is handed torch's mesh); ``input_fn``/``output_fn`` wrap
     the forward's inputs and outputs. Without ``partition_fn`` every parameter is
     replicated."""
-    return _torch_tensor.distribute_module(module, torch_mesh(device_mesh), partition_fn,
+    return _torch_tensor.distribute_module(module, as_torch_mesh(device_mesh), partition_fn,
                                            input_fn, output_fn)
 
 
@@ -103,5 +103,5 @@ class DTensor(metaclass=_DTensorClass):
         ``[Shard(0)]`` stacks the 4 "tp" ranks' (2, 16) blocks into an (8, 16) tensor,
         ``[Partial()]`` sums them. Keywords (``run_check``, ``shape``, ``stride``) go to
         torch's ``DTensor.from_local``."""
-        return _TorchDTensor.from_local(local_tensor, torch_mesh(device_mesh), placements,
+        return _TorchDTensor.from_local(local_tensor, as_torch_mesh(device_mesh), placements,
                                         **kwargs)

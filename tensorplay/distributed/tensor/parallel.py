@@ -12,6 +12,7 @@ ranks; ``down``'s partial outputs are summed on ``mesh.get_group("tp")``.
 from __future__ import annotations
 
 import torch
+from torch.distributed import DeviceMesh as TorchMesh
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -25,7 +26,7 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.parallel import parallelize_module as _parallelize_module
 
 from ..device_mesh import DeviceMesh
-from . import torch_mesh
+from . import as_torch_mesh
 
 __all__ = ["ColwiseParallel", "ParallelStyle", "PrepareModuleInput", "PrepareModuleInputOutput",
            "PrepareModuleOutput", "RowwiseParallel", "SequenceParallel", "loss_parallel",
@@ -34,12 +35,12 @@ __all__ = ["ColwiseParallel", "ParallelStyle", "PrepareModuleInput", "PrepareMod
 
 def parallelize_module(
     module: torch.nn.Module,
-    device_mesh: DeviceMesh | object | None = None,
+    device_mesh: DeviceMesh | TorchMesh | None = None,
     parallelize_plan: ParallelStyle | dict[str, ParallelStyle] | None = None,
     *,
     src_data_rank: int | None = 0,
 ) -> torch.nn.Module:
     """torch's ``parallelize_module`` on ``device_mesh.to_torch()``: apply a style (or a dict
     of submodule name -> style) over a 1-d mesh, usually the "tp" slice."""
-    return _parallelize_module(module, torch_mesh(device_mesh), parallelize_plan,
+    return _parallelize_module(module, as_torch_mesh(device_mesh), parallelize_plan,
                                src_data_rank=src_data_rank)

@@ -121,12 +121,18 @@ def flatten_job(rank: int):
     both = mesh["pp_dp", "tp"].to_torch()
     made = tuple(a - b for a, b in zip(_counts(), before, strict=True))
     unnamed = init_device_mesh("cpu", (4, 2)).flatten().to_torch()
+    thin = init_device_mesh("cpu", (1, 2, 4), mesh_dim_names=("o", "p", "q"))
+    thin_flat = thin["o", "p"].flatten().to_torch()  # runs along "p" alone: "o" has size 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        thin_from_root = thin.to_torch()["o_p"] == thin_flat
     return {"made": made, "mesh": ft.mesh.tolist(), "names": ft.mesh_dim_names,
             "group": ft.get_group() is flat.get_group().engine_group,
             "root": ft._get_root_mesh() is tm, "from_root": from_root == ft,
             "by_name": mesh["pp_dp"].to_torch() is ft, "sums": _sums(ft),
             "both": both.mesh.tolist(), "both_root": both._get_root_mesh() is tm,
-            "unnamed": unnamed.mesh.tolist(), "unnamed_names": unnamed.mesh_dim_names}
+            "unnamed": unnamed.mesh.tolist(), "unnamed_names": unnamed.mesh_dim_names,
+            "thin": thin_flat.mesh.tolist(), "thin_from_root": thin_from_root}
 
 
 @pytest.mark.slow
@@ -141,6 +147,7 @@ def test_a_flattened_dim_is_a_flatten_of_the_root_on_our_group(world8):
         assert out["both"] == array.reshape(4, 2).tolist()
         assert out["both_root"]
         assert out["unnamed"] == list(range(8)) and out["unnamed_names"] is None
+        assert out["thin"] == [rank % 4, rank % 4 + 4] and out["thin_from_root"]
 
 
 def from_torch_job(rank: int):
