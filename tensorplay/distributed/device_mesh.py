@@ -542,21 +542,23 @@ def _adopt(world: World, found: NativeMesh, what: str) -> DeviceMesh:
     shape, ranks = args.explicit_mesh(found.ranks, world.size)
     spec = MeshSpec.from_ranks(shape, ranks, args.dim_names(found.names, len(shape)))
     ours = tuple(_as_our_group(world, g, i) for i, g in enumerate(found.groups))
-    if ours:
-        _check_lines(world, spec, ours)
+    if ours:  # an engine that sorts a group's ranks (torch's new_group) breaks mesh order
+        _check_lines(world, spec, ours, "torch_mesh.get_group({d})",
+                     "its groups must list ranks in mesh order; build the mesh with "
+                     "tensorplay (DeviceMesh(device_type, ranks).to_torch()) to keep it")
     backends = tuple(g.backend for g in ours) or (_default(world, device),) * spec.ndim
     return DeviceMesh._make(world, device, spec, spec, backends, ours)
 
 
-def _check_lines(world: World, spec: MeshSpec, groups: Sequence[ProcessGroup]) -> None:
+def _check_lines(world: World, spec: MeshSpec, groups: Sequence[ProcessGroup],
+                 arg: str = "group[{d}]",
+                 fix: str = "pass the groups in dim order, each matching the mesh") -> None:
     """Each group must be the mesh's line through this rank along its dim, in mesh order."""
     for d, g in enumerate(groups):
         if spec.line(world.rank, d) != g.rank_seq:
             raise bad_argument(
-                f"group[{d}]", g.ranks, f"is not the mesh line through rank {world.rank} "
-                f"along dim {d} ({spec.line(world.rank, d).tolist()})",
-                "pass the groups in dim order, each matching the mesh",
-            )
+                arg.format(d=d), g.ranks, f"is not the mesh line through rank {world.rank} "
+                f"along dim {d} ({spec.line(world.rank, d).tolist()})", fix)
 
 
 def _unpickle(device: str, spec: MeshSpec, root: MeshSpec, backends: tuple[str, ...]):

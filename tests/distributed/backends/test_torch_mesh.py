@@ -206,8 +206,9 @@ def permuted_torch_job(rank: int):
 def test_from_torch_refuses_groups_out_of_mesh_order(world8):
     out = world8.run(permuted_torch_job)
     assert out[4:] == ["adopted"] * 4  # outside the mesh: no groups to check
-    assert out[3].startswith("ArgumentError: group[0]=[2, 3]: is not the mesh line through "
-                             "rank 3 along dim 0 ([3, 2])"), out[3]
+    assert out[3].startswith("ArgumentError: torch_mesh.get_group(0)=[2, 3]: is not the mesh "
+                             "line through rank 3 along dim 0 ([3, 2]). Fix: its groups must "
+                             "list ranks in mesh order"), out[3]
     assert all("Fix" in o for o in out[:4])
 
 
