@@ -1,4 +1,5 @@
-"""The main job, examples/train_dp_tp.py, run by the launcher on 8 real gloo ranks."""
+"""The examples, run by the launcher on 8 real gloo ranks: the main job, examples/train_dp_tp.py,
+and examples/train_fsdp_tp.py (FSDP2 + tensor parallelism on our mesh)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ TOLERANCE = 1e-5
 RANK0 = "[rank 0] "
 
 
-def run_job(*flags: str) -> tuple[int, str, str]:
-    """Run the main job with extra script flags; (exit code, rank 0's stdout lines, stderr)."""
-    done = subprocess.run([*JOB, *flags], cwd=ROOT, capture_output=True, text=True,
+def run_job(*flags: str, job: list[str] = JOB) -> tuple[int, str, str]:
+    """Run a job with extra script flags; (exit code, rank 0's stdout lines, stderr)."""
+    done = subprocess.run([*job, *flags], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, errors="replace")
     rank0 = "\n".join(line[len(RANK0):] for line in done.stdout.splitlines()
                       if line.startswith(RANK0))
@@ -64,3 +65,13 @@ def test_main_job_fails_when_dp_gradients_are_not_averaged():
     # every rank returns 1 from main(): the launcher says so, naming no rank as "first"
     assert err.splitlines()[-1] == "tensorplay-run: all 8 ranks failed alike (exit code 1).", (
         err[-3000:])
+
+
+def test_fsdp_tp_example_matches_single_process_training():
+    code, out, err = run_job(job=[*JOB[:-1], "examples/train_fsdp_tp.py"])
+    assert code == 0, f"exit {code}\n{out}\n{err[-3000:]}"
+    assert out.startswith("DeviceMesh('cpu', dp=2, tp=4; mesh=[[0, 1, 2, 3], [4, 5, 6, 7]])")
+    steps = losses(out)
+    assert len(steps) == 5 and steps[-1] < 0.8 * steps[0], steps  # it learns
+    assert 0 <= max_diff(out) < TOLERANCE
+    assert "OK: matches single-process training" in out

@@ -14,6 +14,11 @@ What the package needs of an engine, in the order a job uses it:
    ``_failures`` turns that into our errors, worded alike for every engine;
 4. ``destroy()`` leaves the world.
 
+An engine with a mesh object of its own (torch's DeviceMesh, which DTensor, tensor parallelism
+and FSDP2 take) converts our meshes to it and back: ``to_native_mesh()`` builds one over a
+``MeshView`` of our mesh, on our groups; ``mesh_from_native()`` describes one of its own as a
+``NativeMesh`` for ``DeviceMesh.from_torch()`` to adopt.
+
 ``Capabilities`` say what an engine can do, so the package asks "does it have a store?",
 never "is it torch?". An MPI engine (no store, numpy buffers) meets the same Protocol:
 ``start`` is MPI's init, ``new_group`` one ``Comm.Split``/``Create_group`` per group,
@@ -82,6 +87,46 @@ class Running:
 
 
 FailureKind = Literal["timeout", "peer_lost", "other"]
+
+
+@dataclass(frozen=True)
+class MeshView:
+    """One of our meshes as an engine needs it to build its own mesh object over it.
+
+    A root (a mesh not sliced or flattened from another) gives its rank array; any other mesh
+    gives, per dim, the root dims it runs along. On the (2, 2, 2) root ("dp", "cp", "tp"),
+    ``root["dp", "cp"].flatten()`` runs along root dims (0, 1) and ``root["tp"]`` along (2,).
+
+    groups: the engine group of each dim through this rank, () when the mesh lacks this rank.
+    flatten_of: for a flattened 1-d mesh whose name the root answers to (``root["dp_cp"]``),
+        that name; the engine's root then knows it too.
+    """
+
+    device_type: str
+    names: tuple[str, ...] | None
+    groups: tuple[Any, ...]
+    ranks: Any = None  # a root's rank array (numpy int64, of the mesh's shape)
+    root_dims: tuple[tuple[int, ...], ...] | None = None  # a non-root's dims in root dims
+    flatten_of: str | None = None
+
+
+@dataclass(frozen=True)
+class NativeMesh:
+    """An engine's own mesh object described for adoption (``DeviceMesh.from_torch``).
+
+    obj: the engine's mesh object itself. ranks: its rank array (nested lists); None when
+        this rank cannot see it (a slice that lacks this rank). groups: the engine group of
+        each dim through this rank, () when the mesh lacks it. root: set when the mesh is a
+        slice of a root by the root's dim names, which then names the dims to slice
+        (``names``).
+    """
+
+    obj: Any
+    device_type: str
+    ranks: Any
+    names: tuple[str, ...] | None
+    groups: tuple[Any, ...]
+    root: NativeMesh | None = None
 
 
 class GroupOps(Protocol):
@@ -192,6 +237,17 @@ class Engine(Protocol):
     def rank_array(self, array: Any) -> Any:
         """A mesh's rank array (numpy int64) as the engine's users expect it (torch: a
         tensor)."""
+        ...
+
+    def to_native_mesh(self, view: MeshView, root: Any) -> Any:
+        """The engine's own mesh object over ``view``'s groups, creating no group; ``root`` is
+        the engine's mesh of the view's root (None when the view is a root). Raise BackendError
+        when the engine (or its installed version) has no such object."""
+        ...
+
+    def mesh_from_native(self, obj: object) -> NativeMesh | None:
+        """``obj``, one of the engine's own mesh objects, described for adoption; None when
+        ``obj`` is not one. Raise BackendError when the engine has no mesh objects."""
         ...
 
     def destroy(self, adopted: bool) -> None:

@@ -238,6 +238,34 @@ class MeshSpec:
             return MeshSpec.from_ranks(shape, self.array().reshape(-1).tolist(), new_names)
         return self._with(layout, new_names)
 
+    def root_dims(self, root: MeshSpec, rank: int) -> tuple[tuple[int, ...], ...]:
+        """For each dim of this mesh, a slice or flatten of ``root`` holding ``rank``, the root
+        dims it runs along, in root order; () for a dim of size 1.
+
+        On the (2, 2, 2) root ("dp", "cp", "tp"), root["dp", "cp"].flatten() through rank 5
+        runs along root dims (0, 1): its line [1, 3, 5, 7] walks "dp" and "cp" row-major with
+        "tp" held at 1. Costs O(ranks on the lines x ndim). Raises ValueError when a line is
+        not such a walk (a mesh that no slice or flatten of ``root`` gives).
+        """
+        home = root.coordinate_of(rank)
+        if home is None:
+            raise ValueError(f"rank {rank} is not in the root mesh")
+        found = []
+        for d in range(self.ndim):
+            line = self.line(rank, d)
+            moved: set[int] = set()
+            for r in line:
+                coord = root.coordinate_of(r)
+                if coord is None:
+                    raise ValueError(f"rank {r} of dim {d} is not in the root mesh")
+                moved.update(i for i, (a, b) in enumerate(zip(coord, home, strict=True))
+                             if a != b)
+            dims = tuple(sorted(moved))
+            if dims and root.select(dims, rank).ranks() != line:
+                raise ValueError(f"dim {d} ({line!r}) does not walk root dims {dims} in order")
+            found.append(dims)
+        return tuple(found)
+
     def array(self):
         """The rank array as numpy, of ``shape`` (materialises every rank)."""
         positions = self.layout.positions()

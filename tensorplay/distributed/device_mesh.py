@@ -14,6 +14,7 @@ from typing import Any
 
 from . import _mesh_args as args
 from ._consensus import agree
+from ._engine import MeshView, NativeMesh
 from ._failures import named_failures
 from ._mesh_spec import MeshSpec
 from .errors import (
@@ -22,6 +23,7 @@ from .errors import (
     NotInitializedError,
     UnknownDimError,
     bad_argument,
+    bad_type,
 )
 from .process_group import ProcessGroup
 from .world import World, current_or_adopted_world, current_world
@@ -323,16 +325,92 @@ class DeviceMesh:
         names = args.dim_names(mesh_dim_names, len(shape))
         spec = MeshSpec.from_ranks(shape, ranks, names)
         if spec.coordinate_of(world.rank) is not None:
-            for d, g in enumerate(ours):
-                if spec.line(world.rank, d) != g.rank_seq:
-                    raise bad_argument(
-                        f"group[{d}]", g.ranks, f"is not the mesh line through rank "
-                        f"{world.rank} along dim {d} ({spec.line(world.rank, d).tolist()})",
-                        "pass the groups in dim order, each matching the mesh",
-                    )
+            _check_lines(world, spec, ours)
         backends = tuple(g.backend for g in ours)
         held = tuple(ours) if spec.coordinate_of(world.rank) is not None else ()
         return cls._make(world, device, spec, spec, backends, held)
+
+    # -- the engine's own mesh (torch's DeviceMesh) --------------------------------------------
+    def to_torch(self) -> Any:
+        """This mesh as torch's DeviceMesh, for DTensor, tensor parallelism and FSDP2.
+
+        It runs on this mesh's own groups and creates none; equal meshes give the same object
+        (made once per world). A slice or flatten gives the matching slice of its root's torch
+        mesh, so both come from one root, as FSDP2 with TP requires: on a (2, 4) ("dp", "tp")
+        mesh, ``mesh["tp"].to_torch() == mesh.to_torch()["tp"]``, and on rank 5 its group is
+        ``mesh.get_group("tp").engine_group`` ([4, 5, 6, 7]). Outside a subset mesh it is
+        torch's mesh without groups (get_coordinate() None), as torch's own is there. Flattened
+        names of the root ("dp_cp") are known to the torch root too. Raises BackendError in a
+        simulated world, or when the installed torch lacks what it needs.
+        """
+        self._alive("to_torch()")
+        if self._spec == self._root and self._groups:  # flattens made since this was built
+            for name in self._world.flattened_names(self._root_key()):
+                self[name]._native()
+        return self._native()
+
+    def _native(self) -> Any:
+        return self._world.native_mesh(self, self._build_native)
+
+    def _build_native(self) -> Any:
+        """The engine's mesh over this mesh's groups: a root from its rank array, any other
+        mesh as dims of its root's (built first)."""
+        world, groups = self._world, tuple(g.engine_group for g in self._groups)
+        if self._spec == self._root:
+            view = MeshView(self._device_type, self.mesh_dim_names, groups,
+                            ranks=self._spec.array())
+            return world.engine.to_native_mesh(view, None)
+        anchor = world.rank if self._groups else self._spec.rank_at((0,) * self.ndim)
+        dims = self._spec.root_dims(self._root, anchor)
+        root = self._root_mesh(dims)
+        names, flatten_of = self.mesh_dim_names, None
+        if names and len(dims) == 1:  # a flatten the root answers to, by this name?
+            merged = self._flattened_dims(names[0])
+            if merged is not None and dims[0] == tuple(
+                    i for i in merged if self._root.shape[i] > 1):
+                flatten_of = names[0]
+        view = MeshView(self._device_type, names, groups, root_dims=dims, flatten_of=flatten_of)
+        return world.engine.to_native_mesh(view, root._native())
+
+    def _flattened_dims(self, name: str) -> tuple[int, ...] | None:
+        """The root dims that ``name`` flattens in the world's registry, None if none."""
+        merged = self._world.flattened_names(self._root_key()).get(name)
+        root_names = self._root.names or ()
+        return None if merged is None else tuple(root_names.index(n) for n in merged)
+
+    def _root_mesh(self, dims: tuple[tuple[int, ...], ...]) -> DeviceMesh:
+        """The root this mesh was sliced or flattened from, on its groups in the world's
+        registry: the backend of a dim this mesh keeps is this mesh's, the default elsewhere."""
+        backends = [_default(self._world, self._device_type)] * self._root.ndim
+        for d, covered in enumerate(dims):
+            if len(covered) == 1:
+                backends[covered[0]] = self._backends[d]
+        groups = _make_groups(self._world, self._root, backends)
+        return DeviceMesh._make(self._world, self._device_type, self._root, self._root,
+                                tuple(backends), groups)
+
+    @classmethod
+    def from_torch(cls, torch_mesh: Any) -> DeviceMesh:
+        """Adopt torch's DeviceMesh (one a library made) as our mesh, creating no group.
+
+        Its groups join this world's registry and ``mesh.to_torch()`` gives ``torch_mesh``
+        back. A slice of a torch root by its dim names becomes that slice of the adopted root:
+        ``from_torch(tm["tp"]) == from_torch(tm)["tp"]``. Any other torch mesh (flattened or
+        unflattened by torch) becomes a root of its own. Its groups must keep the mesh's rank
+        order (torch's new_group sorts ranks, so a permuted torch mesh is refused).
+        """
+        world = current_world("DeviceMesh.from_torch()")
+        found = world.engine.mesh_from_native(torch_mesh)
+        if found is None:
+            raise bad_type("torch_mesh", torch_mesh, f"a {world.engine.name} DeviceMesh",
+                           "pass the DeviceMesh a library built, e.g. its init_device_mesh()")
+        root = found.root or found
+        mesh = _adopt(world, root, "DeviceMesh.from_torch()")
+        world.native_mesh(mesh, lambda: root.obj)  # to_torch() gives the library's mesh back
+        if found.root is not None:
+            mesh = mesh[found.names]
+            world.native_mesh(mesh, lambda: found.obj)
+        return mesh
 
     # -- value semantics ---------------------------------------------------------------------
     def _key(self) -> tuple:
@@ -453,6 +531,34 @@ def _as_our_group(world: World, group: Any, index: int) -> ProcessGroup:
         raise bad_argument(f"group[{index}]", group, "is not a process group",
                            f"pass tensorplay or {world.engine.name} process groups")
     return adopted
+
+
+def _adopt(world: World, found: NativeMesh, what: str) -> DeviceMesh:
+    """Our root mesh over an engine mesh's rank array and groups (adopted, none created)."""
+    if found.ranks is None:
+        raise NotAMemberError(f"{what}: rank {world.rank} is not in torch_mesh, so its ranks "
+                              "are unknown here. Fix: adopt its root mesh on this rank.")
+    device = args.device_type(found.device_type)
+    shape, ranks = args.explicit_mesh(found.ranks, world.size)
+    spec = MeshSpec.from_ranks(shape, ranks, args.dim_names(found.names, len(shape)))
+    ours = tuple(_as_our_group(world, g, i) for i, g in enumerate(found.groups))
+    if ours:  # an engine that sorts a group's ranks (torch's new_group) breaks mesh order
+        _check_lines(world, spec, ours, "torch_mesh.get_group({d})",
+                     "its groups must list ranks in mesh order; build the mesh with "
+                     "tensorplay (DeviceMesh(device_type, ranks).to_torch()) to keep it")
+    backends = tuple(g.backend for g in ours) or (_default(world, device),) * spec.ndim
+    return DeviceMesh._make(world, device, spec, spec, backends, ours)
+
+
+def _check_lines(world: World, spec: MeshSpec, groups: Sequence[ProcessGroup],
+                 arg: str = "group[{d}]",
+                 fix: str = "pass the groups in dim order, each matching the mesh") -> None:
+    """Each group must be the mesh's line through this rank along its dim, in mesh order."""
+    for d, g in enumerate(groups):
+        if spec.line(world.rank, d) != g.rank_seq:
+            raise bad_argument(
+                arg.format(d=d), g.ranks, f"is not the mesh line through rank {world.rank} "
+                f"along dim {d} ({spec.line(world.rank, d).tolist()})", fix)
 
 
 def _unpickle(device: str, spec: MeshSpec, root: MeshSpec, backends: tuple[str, ...]):

@@ -9,7 +9,7 @@ epoch (``_keys.Spmd``), and the registry of groups, reached through World's meth
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -63,6 +63,7 @@ class World:
     default_group: ProcessGroup = field(init=False)
     _groups: dict[tuple, ProcessGroup] = field(default_factory=dict)
     _flattened: dict[tuple, dict[str, tuple]] = field(default_factory=dict)
+    _native: dict[Any, Any] = field(default_factory=dict)  # mesh value -> engine's mesh
     _hosts: Hosts | None = None  # rank 0 from init, the others on first use
 
     def __post_init__(self) -> None:
@@ -138,6 +139,7 @@ class World:
         epoch = self.spmd.open_epoch()
         self._groups = {key: g for key, g in self._groups.items() if g is self.default_group}
         self._flattened.clear()
+        self._native.clear()
         return epoch
 
     def register_flatten(self, root_key: tuple, name: str, dims: tuple) -> None:
@@ -147,6 +149,15 @@ class World:
     def flattened_names(self, root_key: tuple) -> dict[str, tuple]:
         """Flattened dim names registered for a root mesh."""
         return self._flattened.get(root_key, {})
+
+    def native_mesh(self, mesh: Hashable, make: Callable[[], Any]) -> Any:
+        """The engine's own mesh object for ``mesh`` (a DeviceMesh value), made by ``make()``
+        once per world and epoch, so equal meshes get the same object (torch's DeviceMesh for
+        ``mesh.to_torch()``; ``DeviceMesh.from_torch`` puts the adopted one here)."""
+        found = self._native.get(mesh)
+        if found is None:
+            found = self._native[mesh] = make()
+        return found
 
     def hosts(self) -> Hosts:
         """The world's host map, read from the store on first use (a simulated or 1-rank
@@ -176,6 +187,7 @@ class World:
         for group in self._groups.values():
             group.release()
         self._groups.clear()
+        self._native.clear()
         self.world_group = self.store = None
         self.engine.destroy(self.adopted)
 

@@ -297,6 +297,32 @@ CASES = [
     C("init-twice", "fake", "dist.init_process_group('fake', rank=0, world_size=8)",
       AlreadyInitializedError, "init_process_group: this process already joined a world",
       "init_process_group"),
+    # -- torch's DeviceMesh and distributed tensors ------------------------------------------
+    C("to-torch-simulated", "fake", "mesh.to_torch()", BackendError,
+      "to_torch(): a simulated ('fake') world has no torch process groups", "to_torch()"),
+    C("to-torch-simulated-slice", "fake", "mesh['tp'].to_torch()", BackendError,
+      "to_torch(): a simulated ('fake') world has no torch process groups", "to_torch()"),
+    C("to-torch-destroyed", "destroyed", "mesh.to_torch()", NotInitializedError,
+      "to_torch(): this mesh belongs to a destroyed world", "to_torch()"),
+    C("from-torch-no-world", "none", "DeviceMesh.from_torch(None)", NotInitializedError,
+      "DeviceMesh.from_torch() needs a process group", "DeviceMesh.from_torch()"),
+    C("from-torch-simulated", "fake", "DeviceMesh.from_torch(mesh)", BackendError,
+      "DeviceMesh.from_torch(): a simulated ('fake') world cannot adopt torch_mesh",
+      "torch_mesh"),
+    C("from-torch-not-a-mesh", "gloo", "DeviceMesh.from_torch([0])", ArgumentTypeError,
+      "torch_mesh=[0]: expected a torch DeviceMesh, got list", "torch_mesh"),
+    C("distribute-tensor-bad-mesh", "fake", "distribute_tensor(torch.ones(4), 'tp')",
+      ArgumentTypeError, "device_mesh='tp': expected tensorplay DeviceMesh (or torch's), "
+      "got str", "device_mesh"),
+    C("distribute-tensor-simulated", "fake", "distribute_tensor(torch.ones(4), mesh['tp'], "
+      "[Shard(0)])", BackendError,
+      "to_torch(): a simulated ('fake') world has no torch process groups", "to_torch()"),
+    C("from-local-bad-mesh", "fake", "DTensor.from_local(torch.ones(2), [0, 1])",
+      ArgumentTypeError, "device_mesh=[0, 1]: expected tensorplay DeviceMesh (or torch's), "
+      "got list", "device_mesh"),
+    C("parallelize-bad-mesh", "fake", "parallelize_module(torch.nn.Linear(2, 2), 5)",
+      ArgumentTypeError, "device_mesh=5: expected tensorplay DeviceMesh (or torch's), got int",
+      "device_mesh"),
 ]
 if not torch.distributed.is_nccl_available():
     CASES.append(C("init-nccl-unavailable", "none",
@@ -338,8 +364,14 @@ def clean_env(monkeypatch):
 
 
 def _setup(case: Case) -> dict[str, object]:
+    from tensorplay.distributed import tensor
+    from tensorplay.distributed.tensor.parallel import parallelize_module
+
     names: dict[str, object] = {"init_device_mesh": init_device_mesh, "DeviceMesh": DeviceMesh,
-                                "dist": dist, "torch": torch, "np": np}
+                                "dist": dist, "torch": torch, "np": np,
+                                "distribute_tensor": tensor.distribute_tensor,
+                                "DTensor": tensor.DTensor, "Shard": tensor.Shard,
+                                "parallelize_module": parallelize_module}
     if case.world in ("fake", "destroyed", "renewed"):
         dist.init_process_group("fake", rank=3, world_size=8)
         names.update(_fake_meshes())

@@ -374,3 +374,31 @@ def test_ranks_of_lists_and_layouts_worked_examples():
     assert Ranks.of([3, 1]).key() != Ranks.of([1, 3]).key()
     assert Ranks.of([0, 2, 4]) == Ranks(layout=Layout((((3, 2),),)))
     assert repr(Ranks.of(list(range(0, 40, 2)))) == "Ranks([0, 2, ..., 38], size=20)"
+
+
+# -- root_dims: which root dims each dim of a slice or flatten runs along ------------------------
+
+
+def test_root_dims_worked_example():
+    root = MeshSpec.row_major((2, 2, 2), ("dp", "cp", "tp"))
+    assert root.root_dims(root, 5) == ((0,), (1,), (2,))
+    assert root.select((0, 1), 5).flatten("dp_cp").root_dims(root, 5) == ((0, 1),)
+    assert root.select((2,), 5).root_dims(root, 5) == ((2,),)
+    with pytest.raises(ValueError, match="does not walk root dims"):  # a transposed slice
+        root.select((1, 0), 5).flatten(None).root_dims(root, 5)
+
+
+@LAWS
+@given(specs(), st.data())
+def test_root_dims_of_any_slice_then_flatten(case, data):
+    """Slice dims D (in mesh order) through a rank, then merge a run of them: each dim of the
+    result runs along its root dims of size above 1."""
+    root, array = case
+    rank = data.draw(st.sampled_from(array.reshape(-1).tolist()))
+    kept = sorted(data.draw(dim_choices(array.ndim, 1)))
+    start = data.draw(st.integers(0, len(kept) - 1))
+    stop = data.draw(st.integers(start + 1, len(kept)))
+    mesh = root.select(kept, rank).flatten(None, range(start, stop))
+    groups = [[d] for d in kept[:start]] + [kept[start:stop]] + [[d] for d in kept[stop:]]
+    expected = tuple(tuple(d for d in g if array.shape[d] > 1) for g in groups)
+    assert mesh.root_dims(root, rank) == expected

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import _arrays
 from .._engine import Capabilities, FailureKind, Started
+from ..errors import BackendError
 from ..process_group import Work
 
 
@@ -131,6 +132,23 @@ class FakeEngine:
 
     def adopt(self) -> Started:
         raise AssertionError("unreachable: running() is always None")
+
+    def to_native_mesh(self, view: Any, root: Any) -> Any:
+        """A simulated world has no engine groups to build torch's DeviceMesh on."""
+        raise BackendError(
+            "to_torch(): a simulated ('fake') world has no torch process groups to build "
+            "torch's DeviceMesh on. Fix: run on gloo or nccl (e.g. tensorplay-run "
+            "--nproc-per-node 8) to use DTensor, tensor parallelism or FSDP2; a fake world "
+            "plans and checks meshes only."
+        )
+
+    def mesh_from_native(self, obj: object) -> Any:
+        """A simulated world cannot adopt torch's meshes: their groups are not its own."""
+        raise BackendError(
+            "DeviceMesh.from_torch(): a simulated ('fake') world cannot adopt torch_mesh: its "
+            "groups belong to a real torch world. Fix: call init_process_group('gloo') (or "
+            "nccl) and adopt torch meshes built in that world."
+        )
 
     def destroy(self, adopted: bool) -> None:
         """Nothing to tear down."""

@@ -402,6 +402,18 @@ class TorchEngine:
         self.group_store = store  # our groups' keys stay under our prefix, apart from its own
         return Started(dist.group.WORLD, store)
 
+    def to_native_mesh(self, view: Any, root: Any) -> Any:
+        """torch's DeviceMesh over the view's c10d groups (``torch_mesh.py``)."""
+        from .torch_mesh import to_native
+
+        return to_native(view, root)
+
+    def mesh_from_native(self, obj: object) -> Any:
+        """torch's DeviceMesh ``obj`` described for adoption (``torch_mesh.py``)."""
+        from .torch_mesh import from_native
+
+        return from_native(obj)
+
     def destroy(self, adopted: bool) -> None:
         """Tear c10d down: every group, or in an adopted world only the groups we made (its
         owner tears the world down)."""
