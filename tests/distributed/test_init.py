@@ -59,6 +59,7 @@ def _mypy(tmp_path: Path, script: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # mypy takes 3-5 s on 2 cores
 def test_a_type_checker_accepts_a_user_script_and_reports_a_typo(tmp_path):
     pytest.importorskip("mypy", reason="mypy comes with the [test] extra")
     good = _mypy(tmp_path, USER_SCRIPT)
