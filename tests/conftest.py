@@ -46,3 +46,14 @@ def fake_world():
     yield start
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def gloo1():
+    """A real 1-rank gloo world in this process; destroyed after the test."""
+    import tensorplay.distributed as dist
+
+    dist.init_process_group("gloo", f"tcp://127.0.0.1:{spawn.free_port()}", rank=0,
+                            world_size=1, timeout=30)
+    yield
+    dist.destroy_process_group()

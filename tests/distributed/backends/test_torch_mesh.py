@@ -214,17 +214,6 @@ def test_from_torch_refuses_groups_out_of_mesh_order(world8):
 
 # -- in this process: a 1-rank gloo world ------------------------------------------------------
 
-@pytest.fixture
-def gloo1():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=30)
-    yield
-    dist.destroy_process_group()
-
-
 def test_every_private_torch_api_we_use_is_there():
     assert torch_mesh.probe() == []
 

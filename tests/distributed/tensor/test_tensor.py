@@ -7,13 +7,10 @@ The last tests run in this process (a 1-rank gloo world).
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
 import torch
 
-import tensorplay.distributed as dist
 from tensorplay.distributed.device_mesh import DeviceMesh, init_device_mesh
 from tensorplay.distributed.tensor import (
     DTensor,
@@ -152,17 +149,6 @@ def test_distribute_module_hands_torch_mesh_to_callbacks_that_take_either(world8
 
 
 # -- in this process -----------------------------------------------------------------------------
-
-@pytest.fixture
-def gloo1():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=30)
-    yield
-    dist.destroy_process_group()
-
 
 def test_dtensor_answers_as_torchs_class(gloo1):
     from torch.distributed.tensor import DTensor as TorchDTensor
