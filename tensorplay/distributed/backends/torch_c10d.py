@@ -354,13 +354,16 @@ class TorchEngine:
             return None
         return Running(dist.get_backend(), dist.get_rank(), dist.get_world_size())
 
-    def adopt(self) -> Started:
+    def adopt(self, timeout: timedelta) -> Started:
         """torch.distributed's world group, and its store under a fresh key prefix."""
         store = dist.PrefixStore(_keys.world_prefix(_keys.next_world()),
                                  c10d._get_default_store())
         store.set(_keys.joined(dist.get_rank()), _joined_mark())
         self.group_store = store  # our groups' keys stay under our prefix, apart from its own
         return Started(dist.group.WORLD, store)
+
+    def allgather_text(self, text: str, step: str) -> list[str]:
+        raise AssertionError("unreachable: the torch engine compares through its store")
 
     def destroy(self, adopted: bool) -> None:
         """Tear c10d down: every group, or in an adopted world only the groups we made (its

@@ -1,0 +1,476 @@
+"""The MPI engine, on mpi4py: numpy arrays and CPU torch tensors moved by the MPI library of
+the environment (``pip install mpi4py mpich``: no compiler, no system MPI). With
+``mpi_collectives.py`` beside it, the only place that imports mpi4py; loading this module
+initialises MPI (mpi4py does at import).
+
+A world is MPI's COMM_WORLD as ``mpiexec -n 8 python job.py`` (or srun, or mpirun) started
+it; our world group is a duplicate of it. A group is a communicator made with
+``Comm.Create_group`` by its members only, after they have met (``_rendezvous``), so an absent
+member is named instead of hanging the others. The collectives are MPI's nonblocking ones,
+polled by ``MpiEngine.wait``.
+
+MPI waits forever; nothing here does:
+
+- every wait polls a nonblocking request against the world's timeout. At the timeout the
+  waiting rank asks the other members what they are doing (a query on the control
+  communicator, answered by any rank inside one of our waits) and names those that did not
+  answer: busy in their own code, or hung;
+- a rank that ends with an uncaught exception prints it, names itself and calls
+  ``COMM_WORLD.Abort(1)``, which ends every rank (as ``python -m mpi4py`` does);
+- at the end of its script every rank meets the others at rank 0 before MPI's finalize. A rank
+  still waiting there after EXIT_GRACE_S tells every rank that it has left, so that a rank
+  waiting for it fails at once naming it (``RankFailedError``); a meeting that lasts the
+  whole timeout aborts the job, naming the ranks that never came;
+- a killed rank is ended by the launcher: MPICH's mpiexec kills the job within a second and
+  names the pid, so rank 0 prints which rank each pid is as the job starts under it;
+- a wait abandoned by a timeout or a lost peer leaves MPI unusable: at exit the rank aborts
+  the job instead of finalizing.
+
+Under the collectives lies the control communicator, a second duplicate of COMM_WORLD that
+user code never sees, made once per process: ``allgather_text`` (the store-less cross-rank
+check, host names, call counts), group rendezvous, leave notices, queries and the exit
+meeting travel there, so they never pair with a user's collective.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import _env
+from .._engine import Capabilities, FailureKind, Running, Started
+from .._failures import FIX_FAILED
+from ..errors import (
+    BackendError,
+    DistributedError,
+    DistributedTimeoutError,
+    LaunchEnvError,
+    RankFailedError,
+    bad_argument,
+    format_ranks,
+    rank_words,
+)
+
+LOOK_S = 0.05  # how often a lasting wait reads control messages and checks its deadline
+EXIT_GRACE_S = 1.0  # at exit, how long a rank waits for the others before saying it left
+SETTLE_S = 1.0  # after a timeout, how long a rank collects the others' answers
+QUERY_LIMIT = 4096  # groups larger than this are not asked who is missing (O(size) messages)
+# tags of the control communicator; group rendezvous use tags from _RENDEZVOUS_TAGS up
+_LEFT, _QUERY, _ANSWER, _EXIT, _GO = 1, 2, 3, 4, 5
+_RENDEZVOUS_TAGS = 64
+_ONE = np.zeros(1, dtype=np.uint8)  # the body of every notice (must outlive its sends)
+
+
+class MpiWaitError(Exception):
+    """A wait of ours that failed: ``kind`` "timeout" or "peer_lost", ``ranks`` the ranks to
+    blame (None when unknown), ``words`` who they are and what they do."""
+
+    def __init__(self, kind: FailureKind, words: str, ranks: list[int] | None):
+        super().__init__(words)
+        self.kind, self.words, self.ranks = kind, words, ranks
+
+    def ours(self, where: str, timeout_s: float) -> DistributedError:
+        """The error a user sees for this failure of ``where`` (a collective on a group)."""
+        if self.kind == "timeout":
+            return DistributedTimeoutError(where, timeout_s, self.ranks, who=self.words)
+        return RankFailedError(f"{where} failed: {self.words}. {FIX_FAILED}", ranks=self.ranks)
+
+
+def _tag(name: str) -> int:
+    """The rendezvous tag of the group called ``name`` (every MPI allows tags to 32767)."""
+    digest = int(hashlib.sha1(name.encode(), usedforsecurity=False).hexdigest()[:8], 16)
+    return _RENDEZVOUS_TAGS + digest % (32767 - _RENDEZVOUS_TAGS)
+
+
+def _pid_runs(pids: Sequence[int]) -> str:
+    """Rank:pid pairs in runs: [40, 41, 42, 50] -> '0-2:40-42, 3:50'."""
+    runs: list[tuple[int, int, int]] = []  # (first rank, first pid, length)
+    for rank, pid in enumerate(pids):
+        if runs and runs[-1][1] + runs[-1][2] == pid:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((rank, pid, 1))
+    words = [f"{r}:{p}" if n == 1 else f"{r}-{r + n - 1}:{p}-{p + n - 1}" for r, p, n in runs]
+    return ", ".join(words[:32]) + (f", ... ({len(words) - 32} more)" if len(words) > 32 else "")
+
+
+class MpiEngine:
+    """The MPI engine (``_engine.Engine``): COMM_WORLD, communicators, polled waits."""
+
+    name = "mpi"
+    capabilities = Capabilities(simulated=False, has_store=False, can_abort=False)
+
+    def __init__(self) -> None:
+        self.timeout_s = _env.DEFAULT_TIMEOUT_S
+        self._control: Any = None  # this process's control communicator, once joined
+        self._made: list[Any] = []  # the communicators of the current world (world first)
+        self._left: set[int] = set()  # ranks that said they left (their script ended)
+        self._doing: str | None = None  # what this rank waits in, to answer queries
+        self._broken: str | None = None  # why MPI is unusable (a wait was abandoned)
+        self._sends: list[tuple[Any, Any]] = []  # (request, buffer) of sends in flight
+
+    # -- the world -------------------------------------------------------------------------
+    def default_backend(self) -> str:
+        return "mpi"
+
+    def check_available(self, backend: str) -> None:
+        """mpi4py imported and found an MPI library: nothing more to check."""
+
+    def start(self, backend: str, init_method: str, *, rank: int, world_size: int,
+              timeout: timedelta, master: tuple[str, int] | None) -> Started:
+        """Join COMM_WORLD, once the launcher's rank and size are MPI's."""
+        if not init_method.startswith("env://"):
+            raise bad_argument("init_method", init_method, "the mpi backend joins the world "
+                               "that mpiexec started and takes no address",
+                               "leave init_method out")
+        size, me = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
+        if (me, size) != (rank, world_size):
+            raise _size_error(me, size, rank, world_size)
+        return self._join(timeout)
+
+    def running(self) -> Running | None:
+        """MPI's world when the user's ``from mpi4py import MPI`` started it, unless it is a
+        1-process world under a launcher of more (torchrun starts each process alone)."""
+        if not MPI.Is_initialized() or MPI.Is_finalized():
+            return None
+        size = MPI.COMM_WORLD.Get_size()
+        launch = _env.detect()
+        if launch is not None and launch.world_size != size:
+            return None
+        return Running("mpi", MPI.COMM_WORLD.Get_rank(), size)
+
+    def adopt(self, timeout: timedelta) -> Started:
+        """The running MPI world: its communicators are made as for a world we started."""
+        return self._join(timeout)
+
+    def _join(self, timeout: timedelta) -> Started:
+        self.timeout_s = timeout.total_seconds()
+        self._broken = None
+        step = "init_process_group(): joining the MPI world"
+        if self._control is None:
+            self._control = self._dup(MPI.COMM_WORLD, step)
+            self._hook()
+            if _env.detect() is not None and _env.detect().source == "mpich":
+                self._say_pids()
+        self._made = [self._dup(MPI.COMM_WORLD, step)]
+        return Started(self._made[0], None)
+
+    def _dup(self, comm: Any, step: str) -> Any:
+        new, request = comm.Idup()
+        self._wait_raw([request], step, None)
+        return new
+
+    def _say_pids(self) -> None:
+        """Rank 0 prints each rank's pid: MPICH's mpiexec names a failed rank by pid only."""
+        pids = np.zeros(MPI.COMM_WORLD.Get_size(), dtype=np.int64)
+        mine = np.array([os.getpid()], dtype=np.int64)
+        self._wait_raw([self._control.Igather(mine, pids, root=0)], "init_process_group()",
+                       None)
+        if MPI.COMM_WORLD.Get_rank() == 0 and len(pids) > 1:
+            print(f"tensorplay.distributed: MPI world of {len(pids)} ranks; mpiexec names a "
+                  f"failed rank by its pid (rank:pid): {_pid_runs(pids.tolist())}",
+                  file=sys.stderr, flush=True)
+
+    def destroy(self, adopted: bool) -> None:
+        """Free this world's communicators. MPI itself stays up (it cannot start twice);
+        mpi4py finalizes it at exit, after the exit meeting."""
+        made, self._made = self._made, []
+        if MPI.Is_finalized():
+            return
+        for comm in made:
+            comm.Free()
+
+    # -- groups ------------------------------------------------------------------------------
+    def new_group(self, name: str, ranks: Any, backend: str, timeout: timedelta,
+                  desc: str) -> Any:
+        """The communicator of ``ranks`` in this order, made by its members once all came."""
+        members = ranks.tolist()
+        step = f"creating the group {name} of ranks [{format_ranks(members)}] ({desc})"
+        self._rendezvous(members, _tag(name), step)
+        world = self._made[0]
+        group = world.Get_group().Incl(members)
+        try:
+            comm = world.Create_group(group, _tag(name))
+        finally:
+            group.Free()
+        self._made.append(comm)
+        return comm
+
+    def _rendezvous(self, members: list[int], tag: int, step: str) -> None:
+        """Return once every member has come: the first member hears from the others, then
+        tells them to go. A member that never comes is named by the first one."""
+        me, leader = MPI.COMM_WORLD.Get_rank(), members[0]
+        control = self._control
+        if len(members) == 1:
+            return
+        if me == leader:
+            others = members[1:]
+            heard = [np.zeros(1, dtype=np.uint8) for _ in others]
+            self._wait_raw([control.Irecv(b, r, tag) for b, r in zip(heard, others, strict=True)],
+                           step, members, arrivals=others)
+            self._wait_raw([control.Isend(_ONE, r, tag) for r in others], step, members)
+        else:
+            go = np.zeros(1, dtype=np.uint8)
+            self._wait_raw([control.Isend(_ONE, leader, tag), control.Irecv(go, leader, tag)],
+                           step, members)
+
+    def ops(self, engine_group: Any, group: Any, failed: Any) -> Any:
+        from .mpi_collectives import MpiGroupOps
+
+        return MpiGroupOps(self, engine_group, group, failed)
+
+    def group_members(self, obj: object) -> tuple[list[int], str] | None:
+        """(world ranks in group order, 'mpi') of an mpi4py communicator the user made."""
+        if not isinstance(obj, MPI.Intracomm) or obj == MPI.COMM_NULL:
+            return None
+        ranks = MPI.Group.Translate_ranks(obj.Get_group(), list(range(obj.Get_size())),
+                                          MPI.COMM_WORLD.Get_group())
+        return [int(r) for r in ranks], "mpi"
+
+    # -- what an error means --------------------------------------------------------------
+    def classify(self, err: BaseException) -> FailureKind | None:
+        """Our waits' failures, and MPI's own (ULFM's "process failed" is a lost peer)."""
+        if isinstance(err, MpiWaitError):
+            return err.kind
+        if not isinstance(err, MPI.Exception):
+            return None
+        lost = {getattr(MPI, n, None) for n in ("ERR_PROC_FAILED", "ERR_REVOKED")} - {None}
+        return "peer_lost" if err.Get_error_class() in lost else "other"
+
+    def backend_for_device(self, device_type: str, world_backend: str) -> str:
+        return world_backend
+
+    def use_device(self, device_type: str) -> None:
+        """CPU memory only: the MPI wheels are not CUDA-aware."""
+        if device_type != "cpu":
+            raise bad_argument("device_type", device_type, "the mpi backend moves CPU memory "
+                               "only (numpy arrays, CPU tensors)",
+                               "use device_type='cpu', or backend='nccl' for GPUs")
+
+    def rank_array(self, array: Any) -> Any:
+        """The numpy array itself."""
+        return array
+
+    def allgather_text(self, text: str, step: str) -> list[str]:
+        """Every rank's ``text`` in rank order: an all-gather of lengths, then of bytes."""
+        data = np.frombuffer(text.encode(), dtype=np.uint8)
+        size = self._control.Get_size()
+        lengths = np.zeros(size, dtype=np.int64)
+        mine = np.array([data.size], dtype=np.int64)
+        self._wait_raw([self._control.Iallgather(mine, lengths)], step, None)
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        out = np.zeros(int(lengths.sum()), dtype=np.uint8)
+        self._wait_raw([self._control.Iallgatherv(data, [out, lengths, starts, MPI.BYTE])],
+                       step, None)
+        raw = out.tobytes()
+        return [raw[s:s + n].decode() for s, n in zip(starts.tolist(), lengths.tolist(),
+                                                       strict=True)]
+
+    # -- waiting ---------------------------------------------------------------------------
+    def wait(self, requests: list[Any], step: str, members: Sequence[int] | None) -> None:
+        """Return once every request is done (see ``_wait_raw``); failures are our errors."""
+        try:
+            self._wait_raw(requests, step, members)
+        except MpiWaitError as err:
+            raise err.ours(step, self.timeout_s) from None
+
+    def _wait_raw(self, requests: list[Any], step: str, members: Sequence[int] | None,
+                  arrivals: list[int] | None = None) -> None:
+        """Poll ``requests`` until all are done, yielding the CPU between tests.
+
+        Every LOOK_S the wait reads control messages: a member of ``members`` (None: the
+        world) that left fails it at once; past the timeout it fails naming who did not
+        come: the ranks of ``arrivals`` (one per request) whose request is not done, else
+        those members that do not answer a query. Raises MpiWaitError.
+        """
+        test: Callable[[], bool] = (requests[0].Test if len(requests) == 1 else
+                                    lambda: MPI.Request.Testall(requests))
+        if test():
+            return
+        sleep, clock = time.sleep, time.monotonic
+        began = clock()
+        look = began + LOOK_S
+        try:
+            while not test():
+                sleep(0)  # yields the core to a busy rank, as MPICH's heavy yield does
+                if clock() >= look:
+                    self._doing = step
+                    self._look(step, members, began, requests, arrivals)
+                    look = clock() + LOOK_S
+        finally:
+            self._doing = None
+
+    def _look(self, step: str, members: Sequence[int] | None, began: float,
+              requests: list[Any], arrivals: list[int] | None) -> None:
+        self._service()
+        gone = sorted(r for r in self._left if members is None or r in members)
+        if gone:
+            self._broken = f"{step} lost {rank_words(gone)}"
+            raise MpiWaitError("peer_lost", f"{rank_words(gone)} left the job (its script "
+                               f"ended, or it exited) while rank {MPI.COMM_WORLD.Get_rank()} "
+                               "waited for it", gone)
+        if time.monotonic() - began < self.timeout_s:
+            return
+        self._broken = f"{step} timed out after {self.timeout_s:g} s"
+        if arrivals is not None:
+            missing = [r for r, q in zip(arrivals, requests, strict=True) if not q.Test()]
+            raise MpiWaitError("timeout", f"{rank_words(missing)} never came", missing)
+        raise self._who_is_missing(step, members)
+
+    def _who_is_missing(self, step: str, members: Sequence[int] | None) -> MpiWaitError:
+        """Ask the other members what they wait in; those that do not answer are missing."""
+        me = MPI.COMM_WORLD.Get_rank()
+        group: Sequence[int] = range(self._control.Get_size()) if members is None else members
+        if len(group) > QUERY_LIMIT:
+            return MpiWaitError("timeout", f"the other members of a group of {len(group)} did "
+                                "not answer (groups this large are not asked who is missing)",
+                                None)
+        others = [r for r in group if r != me]
+        self._sends += [(self._control.Isend(_ONE, r, _QUERY), _ONE) for r in others]
+        answers: dict[int, str] = {}
+        status = MPI.Status()
+        deadline = time.monotonic() + SETTLE_S
+        while len(answers) < len(others) and time.monotonic() < deadline:
+            while self._control.Iprobe(MPI.ANY_SOURCE, _ANSWER, status):
+                body = bytearray(status.Get_count(MPI.BYTE))
+                self._control.Recv(body, status.Get_source(), _ANSWER)
+                answers[status.Get_source()] = body.decode()
+            self._service()
+            time.sleep(0.01)
+        silent = [r for r in others if r not in answers]
+        by_call: dict[str, list[int]] = {}
+        for rank, doing in answers.items():
+            by_call.setdefault(doing, []).append(rank)
+        parts = []
+        if silent:
+            parts.append(f"{rank_words(silent)} never came: no answer, so in none of this "
+                         "package's calls (busy in its own code, or hung)")
+        parts += [f"{rank_words(rs)} {'wait' if len(rs) > 1 else 'waits'} in {doing}"
+                  for doing, rs in by_call.items()]
+        return MpiWaitError("timeout", "; ".join(parts) or "every member answered",
+                            silent or None)
+
+    def _service(self) -> None:
+        """Read the control messages meant for any wait: leave notices and queries."""
+        control, status = self._control, MPI.Status()
+        while control.Iprobe(MPI.ANY_SOURCE, _LEFT, status):
+            control.Recv(np.zeros(1, dtype=np.uint8), status.Get_source(), _LEFT)
+            self._left.add(status.Get_source())
+        while control.Iprobe(MPI.ANY_SOURCE, _QUERY, status):
+            control.Recv(np.zeros(1, dtype=np.uint8), status.Get_source(), _QUERY)
+            answer = np.frombuffer((self._doing or "its own code").encode(), dtype=np.uint8)
+            self._sends.append((control.Isend(answer, status.Get_source(), _ANSWER), answer))
+        self._sends = [(s, b) for s, b in self._sends if not s.Test()]
+
+    # -- never hang at the end -------------------------------------------------------------
+    def _hook(self) -> None:
+        """Abort the job when this rank ends with an uncaught exception; meet the others at
+        exit (registered after mpi4py's finalizer, so it runs before it)."""
+        previous = sys.excepthook
+
+        def abort_on_error(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+            previous(kind, value, tb)
+            if MPI.Is_finalized():
+                return
+            rank = MPI.COMM_WORLD.Get_rank()
+            print(f"tensorplay.distributed: rank {rank} ended with an uncaught "
+                  f"{kind.__name__}; aborting the MPI job (MPI_Abort) so that no rank waits "
+                  "for it", file=sys.stderr, flush=True)
+            MPI.COMM_WORLD.Abort(1)
+
+        sys.excepthook = abort_on_error
+        atexit.register(self._at_exit)
+
+    def _at_exit(self) -> None:
+        if MPI.Is_finalized():
+            return
+        rank = MPI.COMM_WORLD.Get_rank()
+        if self._broken is not None:
+            _abort(f"rank {rank} cannot finalize MPI: {self._broken}")
+        try:
+            self._exit_meeting(rank)
+        except MpiWaitError as err:
+            _abort(f"rank {rank} at the end of its script: {err.words}")
+
+    def _exit_meeting(self, rank: int) -> None:
+        """Meet every rank at rank 0 before MPI's finalize (which waits for all, forever).
+
+        A rank still here after EXIT_GRACE_S tells every rank that it has left; a meeting
+        that lasts the timeout names the ranks that never came.
+        """
+        control, size = self._control, self._control.Get_size()
+        if size == 1:
+            return
+        self._doing = "the end of its script"
+        if rank == 0:
+            others = list(range(1, size))
+            heard = [np.zeros(1, dtype=np.uint8) for _ in others]
+            requests = [control.Irecv(b, r, _EXIT) for b, r in zip(heard, others, strict=True)]
+            self._meet(requests, others)
+            self._sends += [(control.Isend(_ONE, r, _GO), _ONE) for r in others]
+        else:
+            go = np.zeros(1, dtype=np.uint8)
+            self._meet([control.Isend(_ONE, 0, _EXIT), control.Irecv(go, 0, _GO)], None)
+        deadline = time.monotonic() + SETTLE_S
+        self._service()  # late notices and queries, so that none is left unread
+        while self._sends and time.monotonic() < deadline:
+            time.sleep(0.001)
+            self._service()
+
+    def _meet(self, requests: list[Any], arrivals: list[int] | None) -> None:
+        """Wait at the exit meeting, saying after EXIT_GRACE_S that this rank has left."""
+        began = time.monotonic()
+        told = False
+        while not MPI.Request.Testall(requests):
+            time.sleep(0.001)
+            self._service()
+            waited = time.monotonic() - began
+            if not told and waited > EXIT_GRACE_S:
+                told = True
+                me = MPI.COMM_WORLD.Get_rank()
+                self._sends += [(self._control.Isend(_ONE, r, _LEFT), _ONE)
+                                for r in range(self._control.Get_size()) if r != me]
+            if waited > self.timeout_s + (0 if arrivals is not None else 2 * SETTLE_S):
+                if arrivals is None:
+                    raise MpiWaitError("timeout", f"waited {waited:.0f} s for rank 0 to see "
+                                       "every rank end", None)
+                missing = [r for r, q in zip(arrivals, requests, strict=True) if not q.Test()]
+                raise MpiWaitError("timeout", f"waited {waited:.0f} s for {rank_words(missing)}"
+                                   ", which never ended (hung, or still busy)", missing)
+
+
+def _abort(why: str) -> None:
+    print(f"tensorplay.distributed: {why}; aborting the MPI job (MPI_Abort)", file=sys.stderr,
+          flush=True)
+    MPI.COMM_WORLD.Abort(1)
+
+
+def _size_error(me: int, size: int, rank: int, world_size: int) -> DistributedError:
+    """Why MPI's world is not the one the launcher's variables (or the arguments) describe."""
+    launch = _env.detect()
+    said = f"the launcher ({launch.source})" if launch is not None else "the arguments"
+    if size == 1 and world_size > 1:
+        return LaunchEnvError(
+            f"init_process_group('mpi'): {said} says rank {rank} of {world_size}, but MPI "
+            f"sees a world of 1: this process was not started by an MPI launcher (torchrun "
+            f"and tensorplay-run start each process as its own 1-process MPI world). Fix: "
+            f"start the job with mpiexec -n {world_size} (or srun, or mpirun), or use "
+            f"backend='gloo' under torchrun."
+        )
+    return BackendError(
+        f"init_process_group('mpi'): MPI says this is rank {me} of {size}, but {said} says "
+        f"rank {rank} of {world_size}. Fix: leave rank and world_size out under mpiexec, or "
+        f"pass MPI's own."
+    )
+
+
+ENGINE = MpiEngine()
