@@ -382,10 +382,8 @@ class MpiEngine:
             if MPI.Is_finalized():
                 return
             rank = MPI.COMM_WORLD.Get_rank()
-            print(f"tensorplay.distributed: rank {rank} ended with an uncaught "
-                  f"{kind.__name__}; aborting the MPI job (MPI_Abort) so that no rank waits "
-                  "for it", file=sys.stderr, flush=True)
-            MPI.COMM_WORLD.Abort(1)
+            _abort(f"rank {rank} ended with an uncaught {kind.__name__} (so that no rank "
+                   "waits for it)")
 
         sys.excepthook = abort_on_error
         atexit.register(self._at_exit)
@@ -449,9 +447,12 @@ class MpiEngine:
 
 
 def _abort(why: str) -> None:
+    """Say why, then end the whole job: MPI_Abort, and this process at once even if MPI's
+    abort returns (MPICH's may), so that no atexit handler runs after it."""
     print(f"tensorplay.distributed: {why}; aborting the MPI job (MPI_Abort)", file=sys.stderr,
           flush=True)
     MPI.COMM_WORLD.Abort(1)
+    os._exit(1)
 
 
 def _size_error(me: int, size: int, rank: int, world_size: int) -> DistributedError:
