@@ -63,6 +63,7 @@ from ..errors import (
 LOOK_S = 0.05  # how often a lasting wait reads control messages and checks its deadline
 EXIT_GRACE_S = 1.0  # at exit, how long a rank waits for the others before saying it left
 SETTLE_S = 1.0  # after a timeout, how long a rank collects the others' answers
+ABORT_PAUSE_S = 0.5  # between printing why this rank aborts the job and aborting it
 QUERY_LIMIT = 4096  # groups larger than this are not asked who is missing (O(size) messages)
 # tags of the control communicator; group rendezvous use tags from _RENDEZVOUS_TAGS up
 _LEFT, _QUERY, _ANSWER, _EXIT, _GO = 1, 2, 3, 4, 5
@@ -448,9 +449,11 @@ class MpiEngine:
 
 def _abort(why: str) -> None:
     """Say why, then end the whole job: MPI_Abort, and this process at once even if MPI's
-    abort returns (MPICH's may), so that no atexit handler runs after it."""
+    abort returns (MPICH's may), so that no atexit handler runs after it. The pause lets the
+    launcher forward what this rank printed before it tears the job down."""
     print(f"tensorplay.distributed: {why}; aborting the MPI job (MPI_Abort)", file=sys.stderr,
           flush=True)
+    time.sleep(ABORT_PAUSE_S)
     MPI.COMM_WORLD.Abort(1)
     os._exit(1)
 
