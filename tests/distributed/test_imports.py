@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,35 @@ def test_launcher_and_package_load_without_any_engine():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+BLOCK_TORCH = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, NoTorch())
+"""
+
+
+def test_without_torch_the_torch_backends_name_the_extra_and_a_fake_mesh_is_numpy():
+    code = BLOCK_TORCH + """
+import tensorplay.distributed as dist
+from tensorplay.distributed import init_device_mesh
+try:
+    dist.init_process_group("gloo", rank=0, world_size=1)
+except dist.BackendError as err:
+    print(err)
+dist.init_process_group("fake", rank=5, world_size=8)
+mesh = init_device_mesh("cpu", (2, 4))
+print(type(mesh.mesh).__name__, mesh.shift(1), "torch" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={k: v for k, v in os.environ.items()
+                                          if not k.startswith(("PMI_", "OMPI_"))})
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == ("backends 'gloo' and 'nccl' need torch, which is not installed. Fix: "
+                        "pip install 'tensorplay-distributed[torch]' (or pip install torch), "
+                        "or use another backend of ('gloo', 'nccl', 'fake', 'mpi').")
+    assert lines[1] == "ndarray (4, 6) False"

@@ -36,8 +36,13 @@ BACKENDS: tuple[str, ...] = tuple(_REGISTRY)
 # there (started outside this package: torch.distributed by Lightning or accelerate, MPI by
 # the user's own ``from mpi4py import MPI``)
 _ADOPTABLE = {"torch_c10d": "torch.distributed", "mpi": "mpi4py.MPI"}
-# engine module -> (the distribution it imports, the extra of ours that installs it)
-_NEEDS = {"torch_c10d": ("torch", "torch"), "mpi": ("mpi4py", "mpi")}
+# engine module -> (the distribution it imports, the extra of ours that installs it, and what
+# else it needs to load)
+_NEEDS = {
+    "torch_c10d": ("torch", "torch", "a torch build for this platform"),
+    "mpi": ("mpi4py", "mpi", "an MPI library: pip install mpich (Linux, macOS), or Microsoft "
+            "MPI on Windows"),
+}
 # launchers that start MPI jobs: under them, with no MASTER_ADDR for a torch rendezvous, the
 # default backend is MPI's
 _MPI_LAUNCHERS = ("openmpi", "mpich")
@@ -98,14 +103,22 @@ def _installed(module: str) -> bool:
 def _load(module: str) -> Engine:
     engine = _loaded.get(module)
     if engine is None:
+        names = [repr(b) for b, (_, m) in _REGISTRY.items() if m == module]
+        backends = ("backends " if len(names) > 1 else "backend ") + " and ".join(names)
         if not _installed(module):
-            dist, extra = _NEEDS[module]
-            backends = " and ".join(repr(b) for b, (_, m) in _REGISTRY.items() if m == module)
+            dist, extra, _ = _NEEDS[module]
             raise BackendError(
-                f"backend {backends} needs {dist}, which is not installed. Fix: pip "
+                f"{backends} need{'' if len(names) > 1 else 's'} {dist}, which is not "
+                f"installed. Fix: pip "
                 f"install 'tensorplay-distributed[{extra}]' (or pip install {dist}), or use "
                 f"another backend of {BACKENDS}."
             )
-        engine = importlib.import_module(f"{__name__}.{module}").ENGINE
+        try:
+            engine = importlib.import_module(f"{__name__}.{module}").ENGINE
+        except (ImportError, OSError, RuntimeError) as err:  # installed, but cannot load
+            raise BackendError(
+                f"{backends} cannot load {_NEEDS[module][0]}: {err}. Fix: install "
+                f"{_NEEDS[module][2]}."
+            ) from err
         _loaded[module] = engine
     return engine

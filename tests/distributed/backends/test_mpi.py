@@ -196,6 +196,29 @@ def test_the_mpi_engine_refuses_a_world_of_one_under_tensorplay_run():
     assert "but MPI sees a world of 1" in done.stdout and "mpiexec -n 2" in done.stdout
 
 
+@pytest.mark.parametrize(("extra", "chosen"), [
+    ({"PMI_RANK": "0", "PMI_SIZE": "1"}, "mpi"),  # MPICH's mpiexec
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"}, "mpi"),  # Open MPI's mpirun
+    # a rendezvous address asks for torch; so does torchrun (these load torch: slow)
+    pytest.param({"PMI_RANK": "0", "PMI_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}, "torch",
+                 marks=pytest.mark.slow),
+    pytest.param({"RANK": "0", "WORLD_SIZE": "1"}, "torch", marks=pytest.mark.slow),
+])
+def test_the_default_backend_follows_the_launcher(extra, chosen):
+    """Under an MPI launcher without MASTER_ADDR the default is MPI's; elsewhere torch's."""
+    code = ("from tensorplay.distributed import backends\n"
+            "print(backends.default_backend(), sorted(m for m in ('torch', 'mpi4py.MPI') "
+            "if m in __import__('sys').modules))")
+    done = subprocess.run([sys.executable, "-c", code], env=job_env(**extra),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    backend, loaded = done.stdout.split(" ", 1)
+    if chosen == "mpi":
+        assert (backend, loaded.strip()) == ("mpi", "['mpi4py.MPI']")
+    elif importlib.util.find_spec("torch") is not None:
+        assert backend in ("gloo", "nccl") and "mpi4py.MPI" not in loaded
+
+
 # -- never hang: each failure ends the job within seconds, naming the rank -------------------
 FAULT_TIMEOUT_S = "4"
 
