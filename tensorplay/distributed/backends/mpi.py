@@ -34,10 +34,12 @@ meeting travel there, so they never pair with a user's collective.
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import hashlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -69,6 +71,7 @@ QUERY_LIMIT = 4096  # groups larger than this are not asked who is missing (O(si
 _LEFT, _QUERY, _ANSWER, _EXIT, _GO = 1, 2, 3, 4, 5
 _RENDEZVOUS_TAGS = 64
 _ONE = np.zeros(1, dtype=np.uint8)  # the body of every notice (must outlive its sends)
+_OWN_CODE = "its own code"  # a query's answer from a rank in no call of the package
 
 
 class MpiWaitError(Exception):
@@ -114,10 +117,12 @@ class MpiEngine:
         self.timeout_s = _env.DEFAULT_TIMEOUT_S
         self._control: Any = None  # this process's control communicator, once joined
         self._made: list[Any] = []  # the communicators of the current world (world first)
-        self._left: set[int] = set()  # ranks that said they left (their script ended)
-        self._doing: str | None = None  # what this rank waits in, to answer queries
+        self._left: set[int] = set()  # ranks that said they left (read by the watchdog)
+        self._doing: str | None = None  # the engine's own polled wait in progress
+        # the collective in progress: (what, group, since, members), set by MpiGroupOps
+        self.call: tuple[str, Any, float, Sequence[int]] | None = None
         self._broken: str | None = None  # why MPI is unusable (a wait was abandoned)
-        self._sends: list[tuple[Any, Any]] = []  # (request, buffer) of sends in flight
+        self._stop, self._stopped = threading.Event(), threading.Event()  # the watchdog's
 
     # -- the world -------------------------------------------------------------------------
     def default_backend(self) -> str:
@@ -286,12 +291,13 @@ class MpiEngine:
 
     def _wait_raw(self, requests: list[Any], step: str, members: Sequence[int] | None,
                   arrivals: list[int] | None = None) -> None:
-        """Poll ``requests`` until all are done, yielding the CPU between tests.
+        """Poll ``requests`` until all are done, yielding the CPU between tests: the waits of
+        the engine's own protocol (the collectives block, under the watchdog).
 
-        Every LOOK_S the wait reads control messages: a member of ``members`` (None: the
-        world) that left fails it at once; past the timeout it fails naming who did not
-        come: the ranks of ``arrivals`` (one per request) whose request is not done, else
-        those members that do not answer a query. Raises MpiWaitError.
+        Every LOOK_S: a member of ``members`` (None: the world) that left fails the wait at
+        once; past the timeout it fails naming who did not come: the ranks of ``arrivals``
+        (one per request) whose request is not done, else what the members answer a query.
+        Raises MpiWaitError.
         """
         test: Callable[[], bool] = (requests[0].Test if len(requests) == 1 else
                                     lambda: MPI.Request.Testall(requests))
@@ -300,19 +306,18 @@ class MpiEngine:
         sleep, clock = time.sleep, time.monotonic
         began = clock()
         look = began + LOOK_S
+        self._doing = step
         try:
             while not test():
                 sleep(0)  # yields the core to a busy rank, as MPICH's heavy yield does
                 if clock() >= look:
-                    self._doing = step
-                    self._look(step, members, began, requests, arrivals)
+                    self._check(step, members, began, requests, arrivals)
                     look = clock() + LOOK_S
         finally:
             self._doing = None
 
-    def _look(self, step: str, members: Sequence[int] | None, began: float,
-              requests: list[Any], arrivals: list[int] | None) -> None:
-        self._service()
+    def _check(self, step: str, members: Sequence[int] | None, began: float,
+               requests: list[Any], arrivals: list[int] | None) -> None:
         gone = sorted(r for r in self._left if members is None or r in members)
         if gone:
             self._broken = f"{step} lost {rank_words(gone)}"
@@ -325,10 +330,11 @@ class MpiEngine:
         if arrivals is not None:
             missing = [r for r, q in zip(arrivals, requests, strict=True) if not q.Test()]
             raise MpiWaitError("timeout", f"{rank_words(missing)} never came", missing)
-        raise self._who_is_missing(step, members)
+        raise self._who_is_missing(members)
 
-    def _who_is_missing(self, step: str, members: Sequence[int] | None) -> MpiWaitError:
-        """Ask the other members what they wait in; those that do not answer are missing."""
+    def _who_is_missing(self, members: Sequence[int] | None) -> MpiWaitError:
+        """Ask the other members what they are doing (the watchdog of each answers, even in
+        the user's own code); those in another call, or not answering, are named."""
         me = MPI.COMM_WORLD.Get_rank()
         group: Sequence[int] = range(self._control.Get_size()) if members is None else members
         if len(group) > QUERY_LIMIT:
@@ -336,7 +342,7 @@ class MpiEngine:
                                 "not answer (groups this large are not asked who is missing)",
                                 None)
         others = [r for r in group if r != me]
-        self._sends += [(self._control.Isend(_ONE, r, _QUERY), _ONE) for r in others]
+        sends = [self._control.Isend(_ONE, r, _QUERY) for r in others]
         answers: dict[int, str] = {}
         status = MPI.Status()
         deadline = time.monotonic() + SETTLE_S
@@ -345,37 +351,79 @@ class MpiEngine:
                 body = bytearray(status.Get_count(MPI.BYTE))
                 self._control.Recv(body, status.Get_source(), _ANSWER)
                 answers[status.Get_source()] = body.decode()
-            self._service()
             time.sleep(0.01)
-        silent = [r for r in others if r not in answers]
+        MPI.Request.Testall(sends)
         by_call: dict[str, list[int]] = {}
-        for rank, doing in answers.items():
+        for rank, doing in sorted(answers.items()):
             by_call.setdefault(doing, []).append(rank)
+        away = sorted(by_call.pop(_OWN_CODE, []))
+        silent = [r for r in others if r not in answers]
         parts = []
+        if away:
+            parts.append(f"{rank_words(away)} never came: busy in its own code, in no call of "
+                         "this package")
         if silent:
-            parts.append(f"{rank_words(silent)} never came: no answer, so in none of this "
-                         "package's calls (busy in its own code, or hung)")
+            parts.append(f"{rank_words(silent)} did not answer (hung with the interpreter "
+                         "locked, or stopped)")
         parts += [f"{rank_words(rs)} {'wait' if len(rs) > 1 else 'waits'} in {doing}"
                   for doing, rs in by_call.items()]
         return MpiWaitError("timeout", "; ".join(parts) or "every member answered",
-                            silent or None)
+                            (away + silent) or None)
 
-    def _service(self) -> None:
-        """Read the control messages meant for any wait: leave notices and queries."""
+    # -- the watchdog: a thread that bounds the blocking collectives ----------------------
+    def _watch(self) -> None:
+        """Every LOOK_S: read leave notices and answer queries; when the collective in
+        progress (``self.call``) waits for a rank that left, or past the timeout, say why
+        and abort the job (a blocking MPI call cannot be interrupted)."""
+        sends: list[tuple[Any, Any]] = []
+        me = MPI.COMM_WORLD.Get_rank()
+        try:
+            while not self._stop.wait(LOOK_S):
+                sends = self._service(sends)
+                call = self.call
+                if call is None:
+                    continue
+                what, group, since, members = call
+                where = f"{what} on {group.label}"
+                gone = sorted(r for r in self._left if r in members)
+                if gone:
+                    err: DistributedError = RankFailedError(
+                        f"{where} failed: {rank_words(gone)} left the job (its script ended, "
+                        f"or it exited) while rank {me} waited for it. {FIX_FAILED}")
+                elif time.monotonic() - since > self.timeout_s:
+                    err = self._who_is_missing(members).ours(where, self.timeout_s)
+                else:
+                    continue
+                if self.call is call:  # still in it
+                    _abort(f"rank {me}: {type(err).__name__}: {err}")
+        finally:
+            self._stopped.set()
+
+    def _service(self, sends: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+        """Read leave notices, answer queries; returns the answers still in flight."""
         control, status = self._control, MPI.Status()
         while control.Iprobe(MPI.ANY_SOURCE, _LEFT, status):
             control.Recv(np.zeros(1, dtype=np.uint8), status.Get_source(), _LEFT)
             self._left.add(status.Get_source())
         while control.Iprobe(MPI.ANY_SOURCE, _QUERY, status):
             control.Recv(np.zeros(1, dtype=np.uint8), status.Get_source(), _QUERY)
-            answer = np.frombuffer((self._doing or "its own code").encode(), dtype=np.uint8)
-            self._sends.append((control.Isend(answer, status.Get_source(), _ANSWER), answer))
-        self._sends = [(s, b) for s, b in self._sends if not s.Test()]
+            call = self.call
+            doing = self._doing or (f"{call[0]} on {call[1].label}" if call else _OWN_CODE)
+            answer = np.frombuffer(doing.encode(), dtype=np.uint8)
+            sends.append((control.Isend(answer, status.Get_source(), _ANSWER), answer))
+        return [(s, b) for s, b in sends if not s.Test()]
 
     # -- never hang at the end -------------------------------------------------------------
     def _hook(self) -> None:
-        """Abort the job when this rank ends with an uncaught exception; meet the others at
-        exit (registered after mpi4py's finalizer, so it runs before it)."""
+        """Start the watchdog; abort the job when this rank ends with an uncaught exception;
+        meet the others at exit (registered after mpi4py's finalizer, so it runs before)."""
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise BackendError(
+                "the mpi backend needs MPI started with MPI_THREAD_MULTIPLE (mpi4py's default; "
+                "its watchdog thread bounds every wait). Fix: leave mpi4py.rc.thread_level at "
+                "'multiple' before importing mpi4py.MPI."
+            )
+        _thread.start_new_thread(self._watch, ())
         previous = sys.excepthook
 
         def abort_on_error(kind: type[BaseException], value: BaseException, tb: Any) -> None:
@@ -399,6 +447,9 @@ class MpiEngine:
             self._exit_meeting(rank)
         except MpiWaitError as err:
             _abort(f"rank {rank} at the end of its script: {err.words}")
+        self._stop.set()  # no thread may call MPI while it finalizes
+        self._stopped.wait(2 * LOOK_S + 1)
+        self._service([])  # late notices and queries, so that none is left unread
 
     def _exit_meeting(self, rank: int) -> None:
         """Meet every rank at rank 0 before MPI's finalize (which waits for all, forever).
@@ -414,30 +465,27 @@ class MpiEngine:
             others = list(range(1, size))
             heard = [np.zeros(1, dtype=np.uint8) for _ in others]
             requests = [control.Irecv(b, r, _EXIT) for b, r in zip(heard, others, strict=True)]
-            self._meet(requests, others)
-            self._sends += [(control.Isend(_ONE, r, _GO), _ONE) for r in others]
+            sends = self._meet(requests, others)
+            sends += [control.Isend(_ONE, r, _GO) for r in others]
         else:
             go = np.zeros(1, dtype=np.uint8)
-            self._meet([control.Isend(_ONE, 0, _EXIT), control.Irecv(go, 0, _GO)], None)
+            sends = self._meet([control.Isend(_ONE, 0, _EXIT), control.Irecv(go, 0, _GO)], None)
         deadline = time.monotonic() + SETTLE_S
-        self._service()  # late notices and queries, so that none is left unread
-        while self._sends and time.monotonic() < deadline:
+        while not MPI.Request.Testall(sends) and time.monotonic() < deadline:
             time.sleep(0.001)
-            self._service()
 
-    def _meet(self, requests: list[Any], arrivals: list[int] | None) -> None:
-        """Wait at the exit meeting, saying after EXIT_GRACE_S that this rank has left."""
+    def _meet(self, requests: list[Any], arrivals: list[int] | None) -> list[Any]:
+        """Wait at the exit meeting, saying after EXIT_GRACE_S that this rank has left;
+        returns the leave notices sent."""
         began = time.monotonic()
-        told = False
+        told: list[Any] = []
         while not MPI.Request.Testall(requests):
             time.sleep(0.001)
-            self._service()
             waited = time.monotonic() - began
             if not told and waited > EXIT_GRACE_S:
-                told = True
                 me = MPI.COMM_WORLD.Get_rank()
-                self._sends += [(self._control.Isend(_ONE, r, _LEFT), _ONE)
-                                for r in range(self._control.Get_size()) if r != me]
+                told = [self._control.Isend(_ONE, r, _LEFT)
+                        for r in range(self._control.Get_size()) if r != me]
             if waited > self.timeout_s + (0 if arrivals is not None else 2 * SETTLE_S):
                 if arrivals is None:
                     raise MpiWaitError("timeout", f"waited {waited:.0f} s for rank 0 to see "
@@ -445,14 +493,15 @@ class MpiEngine:
                 missing = [r for r, q in zip(arrivals, requests, strict=True) if not q.Test()]
                 raise MpiWaitError("timeout", f"waited {waited:.0f} s for {rank_words(missing)}"
                                    ", which never ended (hung, or still busy)", missing)
+        return told
 
 
 def _abort(why: str) -> None:
     """Say why, then end the whole job: MPI_Abort, and this process at once even if MPI's
     abort returns (MPICH's may), so that no atexit handler runs after it. The pause lets the
     launcher forward what this rank printed before it tears the job down."""
-    print(f"tensorplay.distributed: {why}; aborting the MPI job (MPI_Abort)", file=sys.stderr,
-          flush=True)
+    print(f"tensorplay.distributed: {why.rstrip('.')}; aborting the MPI job (MPI_Abort)",
+          file=sys.stderr, flush=True)
     time.sleep(ABORT_PAUSE_S)
     MPI.COMM_WORLD.Abort(1)
     os._exit(1)

@@ -2,18 +2,22 @@
 
 A numpy array, or a CPU torch tensor seen through ``.numpy()``, is handed to MPI as it is:
 results land in the caller's memory without a copy (a non-contiguous one is copied in and
-out). Each call starts MPI's nonblocking collective and waits through ``MpiEngine.wait``,
-bounded by the world's timeout. Reductions of types MPI cannot reduce correctly (bfloat16:
-MPICH rejects it, Open MPI returns wrong sums) are refused before anything is sent; the
-collectives that only move data move them as bytes. ``ReduceOp.AVG`` is MPI's sum, divided.
+out). Each call is MPI's blocking collective, as raw mpi4py would make it (MPICH's nonblocking
+ones cost 20-35% more at small sizes, bench/README.md), with the engine's watchdog thread
+watching it: past the world's timeout, or when a member has left, it says why and aborts the
+job. ``async_op=True`` starts the nonblocking twin; its Work's wait() is watched the same way.
+Reductions of types MPI cannot reduce correctly (bfloat16: MPICH rejects it, Open MPI returns
+wrong sums) are refused before anything is sent; the collectives that only move data move
+them as bytes. ``ReduceOp.AVG`` is MPI's sum, divided.
 
 On the (2, 4) mesh, rank 5's ``all_reduce(a, group=mesh.get_group("tp"))`` is one
-``Iallreduce(IN_PLACE, a, SUM)`` on the communicator of ranks [4, 5, 6, 7].
+``Allreduce(IN_PLACE, a, SUM)`` on the communicator of ranks [4, 5, 6, 7].
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +38,7 @@ _MPI_OPS = {id(ReduceOp.SUM): MPI.SUM, id(ReduceOp.AVG): MPI.SUM,
 _BOOL_OPS = {id(ReduceOp.SUM): MPI.LOR, id(ReduceOp.MAX): MPI.LOR,
              id(ReduceOp.PRODUCT): MPI.LAND, id(ReduceOp.MIN): MPI.LAND}
 _ORDERED = (id(ReduceOp.MIN), id(ReduceOp.MAX))
+_PLAIN_OPS = {k: v for k, v in _MPI_OPS.items() if k != id(ReduceOp.AVG)}  # no step after
 
 
 def _cannot_reduce(name: str, shown: str, dtype: object) -> Exception:
@@ -102,13 +107,13 @@ def _op(op: object, array: np.ndarray) -> Any:
 
 
 class _Pending:
-    """An async collective's request; wait() is bounded like every wait of the engine."""
+    """An async collective's request; wait() blocks under the watchdog, like a blocking call."""
 
     def __init__(self, ops: MpiGroupOps, request: Any, what: str):
         self.ops, self.request, self.what = ops, request, what
 
     def wait(self) -> None:
-        self.ops._wait([self.request], self.what, None)
+        self.ops._blocking(self.what, self.request.Wait, (), None)
 
 
 class MpiGroupOps:
@@ -123,23 +128,31 @@ class MpiGroupOps:
         self._size = group.size()
         self._failed = failed
 
-    def _wait(self, requests: list[Any], what: str, members: Sequence[int] | None) -> None:
-        where = f"{what} on {self._group.label}"
+    def _blocking(self, what: str, call: Callable[..., Any], args: tuple,
+                  members: Sequence[int] | None) -> Any:
+        """Run a blocking MPI call with the engine's watchdog watching it (its timeout, and
+        the members that leave)."""
+        engine = self._engine
+        engine.call = (what, self._group, time.monotonic(),
+                       self._members if members is None else members)
         try:
-            self._engine.wait(requests, where, self._members if members is None else members)
+            return call(*args)
         except MPI.Exception as err:
             raise self._failed(err, what) from err
+        finally:
+            engine.call = None
 
-    def _run(self, what: str, async_op: bool, start: Callable[[], Any],
+    def _run(self, what: str, async_op: bool, name: str, args: tuple,
              finish: Callable[[], None] | None = None) -> Work | None:
-        """Start the nonblocking call, then wait for it (or hand back a Work)."""
-        try:
-            request = start()
-        except MPI.Exception as err:
-            raise self._failed(err, what) from err
+        """MPI's blocking ``name`` (e.g. "Allreduce") on ``args``, or with ``async_op`` its
+        nonblocking twin ("Iallreduce") and a Work; ``finish`` runs once it is done."""
         if async_op:
+            try:
+                request = getattr(self._comm, "I" + name.lower())(*args)
+            except MPI.Exception as err:
+                raise self._failed(err, what) from err
             return Work(_Pending(self, request, what), finish)
-        self._wait([request], what, None)
+        self._blocking(what, getattr(self._comm, name), args, None)
         if finish is not None:
             finish()
         return None
@@ -159,6 +172,22 @@ class MpiGroupOps:
         return outs
 
     def all_reduce(self, tensor: Any, op: Any, async_op: bool) -> Work | None:
+        mpi_op = _PLAIN_OPS.get(id(op))
+        if (mpi_op is not None and type(tensor) is np.ndarray and not async_op
+                and tensor.dtype.kind in "iuf" and tensor.flags.c_contiguous
+                and tensor.flags.writeable):
+            # The hottest call: a plain array MPI reduces as it is, with SUM, PRODUCT, MIN
+            # or MAX. It goes straight to MPI, as raw mpi4py would call it, after the checks
+            # that the path below makes with words (bench/mpi.py: ~1 µs above raw mpi4py).
+            engine = self._engine
+            engine.call = ("all_reduce()", self._group, time.monotonic(), self._members)
+            try:
+                self._comm.Allreduce(MPI.IN_PLACE, tensor, mpi_op)
+            except MPI.Exception as err:
+                raise self._failed(err, "all_reduce()") from err
+            finally:
+                engine.call = None
+            return None
         buf = _Buffer(tensor, "tensor", True)
         array = buf.array
         mpi_op = _op(op, array)
@@ -169,13 +198,13 @@ class MpiGroupOps:
                 array[...] /= size
             buf.finish()
 
-        return self._run("all_reduce()", async_op,
-                         lambda: self._comm.Iallreduce(MPI.IN_PLACE, array, mpi_op), finish)
+        return self._run("all_reduce()", async_op, "Allreduce", (MPI.IN_PLACE, array, mpi_op),
+                         finish)
 
     def broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
         buf = _Buffer(tensor, "tensor", False)
-        return self._run("broadcast()", async_op,
-                         lambda: self._comm.Ibcast(buf.array, self._root(src)), buf.finish)
+        return self._run("broadcast()", async_op, "Bcast", (buf.array, self._root(src)),
+                         buf.finish)
 
     def reduce(self, tensor: Any, dst: int, op: Any, async_op: bool) -> Work | None:
         buf = _Buffer(tensor, "tensor", True)
@@ -189,7 +218,7 @@ class MpiGroupOps:
                 array[...] /= size
             buf.finish()
 
-        return self._run("reduce()", async_op, lambda: self._comm.Ireduce(
+        return self._run("reduce()", async_op, "Reduce", (
             MPI.IN_PLACE if here else array, array if here else None, mpi_op, root), finish)
 
     def all_gather(self, tensor_list: Any, tensor: Any, async_op: bool) -> Work | None:
@@ -202,16 +231,15 @@ class MpiGroupOps:
                 out.array.reshape(-1)[...] = row
                 out.finish()
 
-        return self._run("all_gather()", async_op,
-                         lambda: self._comm.Iallgather(array, staged), finish)
+        return self._run("all_gather()", async_op, "Allgather", (array, staged), finish)
 
     def all_gather_into_tensor(self, output: Any, input: Any, async_op: bool) -> Work | None:
         out = _Buffer(output, "output_tensor", False)
         inp = _Buffer(input, "input_tensor", False).array
         _arrays.check_numel("output_tensor", out.array, inp.size * self._size)
         _same_dtype("output_tensor", out.array, inp)
-        return self._run("all_gather_into_tensor()", async_op,
-                         lambda: self._comm.Iallgather(inp, out.array), out.finish)
+        return self._run("all_gather_into_tensor()", async_op, "Allgather", (inp, out.array),
+                         out.finish)
 
     def reduce_scatter_tensor(self, output: Any, input: Any, op: Any,
                               async_op: bool) -> Work | None:
@@ -227,8 +255,8 @@ class MpiGroupOps:
                 array[...] /= size
             out.finish()
 
-        return self._run("reduce_scatter_tensor()", async_op,
-                         lambda: self._comm.Ireduce_scatter_block(inp, array, mpi_op), finish)
+        return self._run("reduce_scatter_tensor()", async_op, "Reduce_scatter_block",
+                         (inp, array, mpi_op), finish)
 
     def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any,
                           input_split_sizes: Any, async_op: bool) -> Work | None:
@@ -240,8 +268,8 @@ class MpiGroupOps:
         send = _counts("input_split_sizes", input_split_sizes, rows_in, inp.size, self._size)
         recv = _counts("output_split_sizes", output_split_sizes, rows_out, out.array.size,
                        self._size)
-        return self._run("all_to_all_single()", async_op, lambda: self._comm.Ialltoallv(
-            [inp, send], [out.array, recv]), out.finish)
+        return self._run("all_to_all_single()", async_op, "Alltoallv",
+                         ([inp, send], [out.array, recv]), out.finish)
 
     def gather(self, tensor: Any, gather_list: Any, dst: int, async_op: bool) -> Work | None:
         array = _Buffer(tensor, "tensor", False).array
@@ -254,8 +282,7 @@ class MpiGroupOps:
                 out.array.reshape(-1)[...] = row
                 out.finish()
 
-        return self._run("gather()", async_op,
-                         lambda: self._comm.Igather(array, staged, root), finish)
+        return self._run("gather()", async_op, "Gather", (array, staged, root), finish)
 
     def scatter(self, tensor: Any, scatter_list: Any, src: int, async_op: bool) -> Work | None:
         buf = _Buffer(tensor, "tensor", False)
@@ -264,30 +291,20 @@ class MpiGroupOps:
         if scatter_list is not None:
             ins = self._outs(scatter_list, "scatter_list", buf.array)
             staged = np.stack([i.array.reshape(-1) for i in ins])
-        return self._run("scatter()", async_op,
-                         lambda: self._comm.Iscatter(staged, buf.array, root), buf.finish)
+        return self._run("scatter()", async_op, "Scatter", (staged, buf.array, root),
+                         buf.finish)
 
     def send(self, tensor: Any, dst: int) -> None:
         array = _Buffer(tensor, "tensor", False).array
-        peer = self._root(dst)
-        request = self._start("send()", lambda: self._comm.Isend(array, peer))
-        self._wait([request], "send()", [dst])
+        self._blocking("send()", self._comm.Send, (array, self._root(dst)), [dst])
 
     def recv(self, tensor: Any, src: int) -> None:
         buf = _Buffer(tensor, "tensor", False)
-        peer = self._root(src)
-        request = self._start("recv()", lambda: self._comm.Irecv(buf.array, peer))
-        self._wait([request], "recv()", [src])
+        self._blocking("recv()", self._comm.Recv, (buf.array, self._root(src)), [src])
         buf.finish()
 
-    def _start(self, what: str, call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except MPI.Exception as err:
-            raise self._failed(err, what) from err
-
     def barrier(self, async_op: bool) -> Work | None:
-        return self._run("barrier()", async_op, self._comm.Ibarrier)
+        return self._run("barrier()", async_op, "Barrier", ())
 
 
 def _same_dtype(name: str, out: np.ndarray, inp: np.ndarray) -> None:

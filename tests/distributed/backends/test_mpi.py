@@ -261,8 +261,9 @@ def test_a_hung_rank_is_named_at_the_timeout():
     code, out, took = mpiexec(4, "hang", JOB_TIMEOUT=FAULT_TIMEOUT_S)
     assert code != 0 and took < 25, (code, took, out[-3000:])
     assert ("DistributedTimeoutError: timed out after 4 s in all_reduce() on the world group "
-            "[0-3]: rank 2 never came: no answer, so in none of this package's calls (busy in "
-            "its own code, or hung)") in out, out[-3000:]
+            "[0-3]: rank 2 never came: busy in its own code, in no call of this package") in out, \
+        out[-3000:]
+    assert "; aborting the MPI job (MPI_Abort)" in out
 
 
 @pytest.mark.slow
