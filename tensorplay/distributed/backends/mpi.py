@@ -5,31 +5,30 @@ initialises MPI (mpi4py does at import).
 
 A world is MPI's COMM_WORLD as ``mpiexec -n 8 python job.py`` (or srun, or mpirun) started
 it; our world group is a duplicate of it. A group is a communicator made with
-``Comm.Create_group`` by its members only, after they have met (``_rendezvous``), so an absent
-member is named instead of hanging the others. The collectives are MPI's nonblocking ones,
-polled by ``MpiEngine.wait``.
+``Comm.Create_group`` by its members only (measured against one ``Comm.Split`` per dim in
+bench/README.md). The collectives are MPI's blocking ones, called as raw mpi4py calls them.
 
 MPI waits forever; nothing here does:
 
-- every wait polls a nonblocking request against the world's timeout. At the timeout the
-  waiting rank asks the other members what they are doing (a query on the control
-  communicator, answered by any rank inside one of our waits) and names those that did not
-  answer: busy in their own code, or hung;
+- every blocking call runs under the watchdog, a thread of each process (``watched``). It
+  reads the control messages every LOOK_S; past the world's timeout it asks the other members
+  what they are doing (each watchdog answers, also for a rank busy in its own code), prints
+  the DistributedTimeoutError naming who never came and what the others wait in, and aborts
+  the job (a blocking MPI call cannot be interrupted; the job could not go on anyway);
 - a rank that ends with an uncaught exception prints it, names itself and calls
   ``COMM_WORLD.Abort(1)``, which ends every rank (as ``python -m mpi4py`` does);
-- at the end of its script every rank meets the others at rank 0 before MPI's finalize. A rank
-  still waiting there after EXIT_GRACE_S tells every rank that it has left, so that a rank
-  waiting for it fails at once naming it (``RankFailedError``); a meeting that lasts the
-  whole timeout aborts the job, naming the ranks that never came;
+- at the end of its script every rank meets the others at rank 0 before MPI's finalize (which
+  waits for every rank, forever). A rank still waiting there after EXIT_GRACE_S tells every
+  rank that it has left, so that a call waiting for it ends the job at once naming it
+  (``RankFailedError``); a meeting that lasts the whole timeout aborts the job, naming the
+  ranks that never came;
 - a killed rank is ended by the launcher: MPICH's mpiexec kills the job within a second and
-  names the pid, so rank 0 prints which rank each pid is as the job starts under it;
-- a wait abandoned by a timeout or a lost peer leaves MPI unusable: at exit the rank aborts
-  the job instead of finalizing.
+  names a pid, so rank 0 prints which rank each pid is as the job starts under it.
 
 Under the collectives lies the control communicator, a second duplicate of COMM_WORLD that
 user code never sees, made once per process: ``allgather_text`` (the store-less cross-rank
-check, host names, call counts), group rendezvous, leave notices, queries and the exit
-meeting travel there, so they never pair with a user's collective.
+check, host names, call counts), leave notices, queries and the exit meeting travel there, so
+they never pair with a user's collective.
 """
 
 from __future__ import annotations
@@ -67,9 +66,9 @@ EXIT_GRACE_S = 1.0  # at exit, how long a rank waits for the others before sayin
 SETTLE_S = 1.0  # after a timeout, how long a rank collects the others' answers
 ABORT_PAUSE_S = 0.5  # between printing why this rank aborts the job and aborting it
 QUERY_LIMIT = 4096  # groups larger than this are not asked who is missing (O(size) messages)
-# tags of the control communicator; group rendezvous use tags from _RENDEZVOUS_TAGS up
+# tags of the control communicator; Create_group uses tags from _GROUP_TAGS up
 _LEFT, _QUERY, _ANSWER, _EXIT, _GO = 1, 2, 3, 4, 5
-_RENDEZVOUS_TAGS = 64
+_GROUP_TAGS = 64
 _ONE = np.zeros(1, dtype=np.uint8)  # the body of every notice (must outlive its sends)
 _OWN_CODE = "its own code"  # a query's answer from a rank in no call of the package
 
@@ -90,9 +89,9 @@ class MpiWaitError(Exception):
 
 
 def _tag(name: str) -> int:
-    """The rendezvous tag of the group called ``name`` (every MPI allows tags to 32767)."""
+    """The Create_group tag of the group called ``name`` (every MPI allows tags to 32767)."""
     digest = int(hashlib.sha1(name.encode(), usedforsecurity=False).hexdigest()[:8], 16)
-    return _RENDEZVOUS_TAGS + digest % (32767 - _RENDEZVOUS_TAGS)
+    return _GROUP_TAGS + digest % (32767 - _GROUP_TAGS)
 
 
 def _pid_runs(pids: Sequence[int]) -> str:
@@ -118,10 +117,9 @@ class MpiEngine:
         self._control: Any = None  # this process's control communicator, once joined
         self._made: list[Any] = []  # the communicators of the current world (world first)
         self._left: set[int] = set()  # ranks that said they left (read by the watchdog)
-        self._doing: str | None = None  # the engine's own polled wait in progress
-        # the collective in progress: (what, group, since, members), set by MpiGroupOps
-        self.call: tuple[str, Any, float, Sequence[int]] | None = None
-        self._broken: str | None = None  # why MPI is unusable (a wait was abandoned)
+        self._doing: str | None = None  # what the main thread does outside a watched call
+        # the blocking MPI call in progress: (what, group, since, members), see watched()
+        self.call: tuple[str, Any, float, Sequence[int] | None] | None = None
         self._stop, self._stopped = threading.Event(), threading.Event()  # the watchdog's
 
     # -- the world -------------------------------------------------------------------------
@@ -160,27 +158,23 @@ class MpiEngine:
 
     def _join(self, timeout: timedelta) -> Started:
         self.timeout_s = timeout.total_seconds()
-        self._broken = None
         step = "init_process_group(): joining the MPI world"
-        if self._control is None:
-            self._control = self._dup(MPI.COMM_WORLD, step)
+        if self._control is None:  # once per process: the control plane, then its watchdog
+            control, request = MPI.COMM_WORLD.Idup()
+            _poll(request, step, self.timeout_s)
+            self._control = control
             self._hook()
-            if _env.detect() is not None and _env.detect().source == "mpich":
+            launch = _env.detect()
+            if launch is not None and launch.source == "mpich":
                 self._say_pids()
-        self._made = [self._dup(MPI.COMM_WORLD, step)]
+        self._made = [self.watched(step, None, None, MPI.COMM_WORLD.Dup)]
         return Started(self._made[0], None)
-
-    def _dup(self, comm: Any, step: str) -> Any:
-        new, request = comm.Idup()
-        self._wait_raw([request], step, None)
-        return new
 
     def _say_pids(self) -> None:
         """Rank 0 prints each rank's pid: MPICH's mpiexec names a failed rank by pid only."""
         pids = np.zeros(MPI.COMM_WORLD.Get_size(), dtype=np.int64)
         mine = np.array([os.getpid()], dtype=np.int64)
-        self._wait_raw([self._control.Igather(mine, pids, root=0)], "init_process_group()",
-                       None)
+        self.watched("init_process_group()", None, None, self._control.Gather, mine, pids, 0)
         if MPI.COMM_WORLD.Get_rank() == 0 and len(pids) > 1:
             print(f"tensorplay.distributed: MPI world of {len(pids)} ranks; mpiexec names a "
                   f"failed rank by its pid (rank:pid): {_pid_runs(pids.tolist())}",
@@ -198,36 +192,17 @@ class MpiEngine:
     # -- groups ------------------------------------------------------------------------------
     def new_group(self, name: str, ranks: Any, backend: str, timeout: timedelta,
                   desc: str) -> Any:
-        """The communicator of ``ranks`` in this order, made by its members once all came."""
+        """The communicator of ``ranks`` in this order: ``Create_group``, by its members."""
         members = ranks.tolist()
-        step = f"creating the group {name} of ranks [{format_ranks(members)}] ({desc})"
-        self._rendezvous(members, _tag(name), step)
+        step = f"creating the group [{format_ranks(members)}] ({desc})"
         world = self._made[0]
         group = world.Get_group().Incl(members)
         try:
-            comm = world.Create_group(group, _tag(name))
+            comm = self.watched(step, None, members, world.Create_group, group, _tag(name))
         finally:
             group.Free()
         self._made.append(comm)
         return comm
-
-    def _rendezvous(self, members: list[int], tag: int, step: str) -> None:
-        """Return once every member has come: the first member hears from the others, then
-        tells them to go. A member that never comes is named by the first one."""
-        me, leader = MPI.COMM_WORLD.Get_rank(), members[0]
-        control = self._control
-        if len(members) == 1:
-            return
-        if me == leader:
-            others = members[1:]
-            heard = [np.zeros(1, dtype=np.uint8) for _ in others]
-            self._wait_raw([control.Irecv(b, r, tag) for b, r in zip(heard, others, strict=True)],
-                           step, members, arrivals=others)
-            self._wait_raw([control.Isend(_ONE, r, tag) for r in others], step, members)
-        else:
-            go = np.zeros(1, dtype=np.uint8)
-            self._wait_raw([control.Isend(_ONE, leader, tag), control.Irecv(go, leader, tag)],
-                           step, members)
 
     def ops(self, engine_group: Any, group: Any, failed: Any) -> Any:
         from .mpi_collectives import MpiGroupOps
@@ -245,8 +220,6 @@ class MpiEngine:
     # -- what an error means --------------------------------------------------------------
     def classify(self, err: BaseException) -> FailureKind | None:
         """Our waits' failures, and MPI's own (ULFM's "process failed" is a lost peer)."""
-        if isinstance(err, MpiWaitError):
-            return err.kind
         if not isinstance(err, MPI.Exception):
             return None
         lost = {getattr(MPI, n, None) for n in ("ERR_PROC_FAILED", "ERR_REVOKED")} - {None}
@@ -269,68 +242,29 @@ class MpiEngine:
     def allgather_text(self, text: str, step: str) -> list[str]:
         """Every rank's ``text`` in rank order: an all-gather of lengths, then of bytes."""
         data = np.frombuffer(text.encode(), dtype=np.uint8)
-        size = self._control.Get_size()
-        lengths = np.zeros(size, dtype=np.int64)
-        mine = np.array([data.size], dtype=np.int64)
-        self._wait_raw([self._control.Iallgather(mine, lengths)], step, None)
+        control = self._control
+        lengths = np.zeros(control.Get_size(), dtype=np.int64)
+        self.watched(step, None, None, control.Allgather,
+                     np.array([data.size], dtype=np.int64), lengths)
         starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
         out = np.zeros(int(lengths.sum()), dtype=np.uint8)
-        self._wait_raw([self._control.Iallgatherv(data, [out, lengths, starts, MPI.BYTE])],
-                       step, None)
+        self.watched(step, None, None, control.Allgatherv, data,
+                     [out, lengths, starts, MPI.BYTE])
         raw = out.tobytes()
         return [raw[s:s + n].decode() for s, n in zip(starts.tolist(), lengths.tolist(),
                                                        strict=True)]
 
-    # -- waiting ---------------------------------------------------------------------------
-    def wait(self, requests: list[Any], step: str, members: Sequence[int] | None) -> None:
-        """Return once every request is done (see ``_wait_raw``); failures are our errors."""
+    # -- waiting: blocking MPI calls, watched ---------------------------------------------
+    def watched(self, what: str, group: Any, members: Sequence[int] | None,
+                call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)``, a blocking MPI call, with the watchdog watching it: ``what`` (on
+        ``group``, when given) names it; ``members`` (None: the world) are the ranks it
+        waits for."""
+        self.call = (what, group, time.monotonic(), members)
         try:
-            self._wait_raw(requests, step, members)
-        except MpiWaitError as err:
-            raise err.ours(step, self.timeout_s) from None
-
-    def _wait_raw(self, requests: list[Any], step: str, members: Sequence[int] | None,
-                  arrivals: list[int] | None = None) -> None:
-        """Poll ``requests`` until all are done, yielding the CPU between tests: the waits of
-        the engine's own protocol (the collectives block, under the watchdog).
-
-        Every LOOK_S: a member of ``members`` (None: the world) that left fails the wait at
-        once; past the timeout it fails naming who did not come: the ranks of ``arrivals``
-        (one per request) whose request is not done, else what the members answer a query.
-        Raises MpiWaitError.
-        """
-        test: Callable[[], bool] = (requests[0].Test if len(requests) == 1 else
-                                    lambda: MPI.Request.Testall(requests))
-        if test():
-            return
-        sleep, clock = time.sleep, time.monotonic
-        began = clock()
-        look = began + LOOK_S
-        self._doing = step
-        try:
-            while not test():
-                sleep(0)  # yields the core to a busy rank, as MPICH's heavy yield does
-                if clock() >= look:
-                    self._check(step, members, began, requests, arrivals)
-                    look = clock() + LOOK_S
+            return call(*args)
         finally:
-            self._doing = None
-
-    def _check(self, step: str, members: Sequence[int] | None, began: float,
-               requests: list[Any], arrivals: list[int] | None) -> None:
-        gone = sorted(r for r in self._left if members is None or r in members)
-        if gone:
-            self._broken = f"{step} lost {rank_words(gone)}"
-            raise MpiWaitError("peer_lost", f"{rank_words(gone)} left the job (its script "
-                               f"ended, or it exited) while rank {MPI.COMM_WORLD.Get_rank()} "
-                               "waited for it", gone)
-        if time.monotonic() - began < self.timeout_s:
-            return
-        self._broken = f"{step} timed out after {self.timeout_s:g} s"
-        if arrivals is not None:
-            missing = [r for r, q in zip(arrivals, requests, strict=True) if not q.Test()]
-            raise MpiWaitError("timeout", f"{rank_words(missing)} never came", missing)
-        raise self._who_is_missing(members)
+            self.call = None
 
     def _who_is_missing(self, members: Sequence[int] | None) -> MpiWaitError:
         """Ask the other members what they are doing (the watchdog of each answers, even in
@@ -384,8 +318,8 @@ class MpiEngine:
                 if call is None:
                     continue
                 what, group, since, members = call
-                where = f"{what} on {group.label}"
-                gone = sorted(r for r in self._left if r in members)
+                where = what if group is None else f"{what} on {group.label}"
+                gone = sorted(r for r in self._left if members is None or r in members)
                 if gone:
                     err: DistributedError = RankFailedError(
                         f"{where} failed: {rank_words(gone)} left the job (its script ended, "
@@ -408,7 +342,8 @@ class MpiEngine:
         while control.Iprobe(MPI.ANY_SOURCE, _QUERY, status):
             control.Recv(np.zeros(1, dtype=np.uint8), status.Get_source(), _QUERY)
             call = self.call
-            doing = self._doing or (f"{call[0]} on {call[1].label}" if call else _OWN_CODE)
+            doing = self._doing or (_OWN_CODE if call is None else call[0] if call[1] is None
+                                    else f"{call[0]} on {call[1].label}")
             answer = np.frombuffer(doing.encode(), dtype=np.uint8)
             sends.append((control.Isend(answer, status.Get_source(), _ANSWER), answer))
         return [(s, b) for s, b in sends if not s.Test()]
@@ -441,8 +376,6 @@ class MpiEngine:
         if MPI.Is_finalized():
             return
         rank = MPI.COMM_WORLD.Get_rank()
-        if self._broken is not None:
-            _abort(f"rank {rank} cannot finalize MPI: {self._broken}")
         try:
             self._exit_meeting(rank)
         except MpiWaitError as err:
@@ -494,6 +427,16 @@ class MpiEngine:
                 raise MpiWaitError("timeout", f"waited {waited:.0f} s for {rank_words(missing)}"
                                    ", which never ended (hung, or still busy)", missing)
         return told
+
+
+def _poll(request: Any, step: str, timeout_s: float) -> None:
+    """Wait for ``request`` up to ``timeout_s`` (before the watchdog runs)."""
+    began = time.monotonic()
+    while not request.Test():
+        time.sleep(0.001)
+        if time.monotonic() - began > timeout_s:
+            raise DistributedTimeoutError(step, timeout_s, None,
+                                          who="not every rank reached init_process_group()")
 
 
 def _abort(why: str) -> None:

@@ -132,15 +132,11 @@ class MpiGroupOps:
                   members: Sequence[int] | None) -> Any:
         """Run a blocking MPI call with the engine's watchdog watching it (its timeout, and
         the members that leave)."""
-        engine = self._engine
-        engine.call = (what, self._group, time.monotonic(),
-                       self._members if members is None else members)
         try:
-            return call(*args)
+            return self._engine.watched(what, self._group, self._members if members is None
+                                        else members, call, *args)
         except MPI.Exception as err:
             raise self._failed(err, what) from err
-        finally:
-            engine.call = None
 
     def _run(self, what: str, async_op: bool, name: str, args: tuple,
              finish: Callable[[], None] | None = None) -> Work | None:
