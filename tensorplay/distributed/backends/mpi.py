@@ -69,6 +69,7 @@ QUERY_LIMIT = 4096  # groups larger than this are not asked who is missing (O(si
 # tags of the control communicator; Create_group uses tags from _GROUP_TAGS up
 _LEFT, _QUERY, _ANSWER, _EXIT, _GO = 1, 2, 3, 4, 5
 _GROUP_TAGS = 64
+_SLOT = 64  # bytes per rank of allgather_text's first round: a length byte and 63 of text
 _ONE = np.zeros(1, dtype=np.uint8)  # the body of every notice (must outlive its sends)
 _OWN_CODE = "its own code"  # a query's answer from a rank in no call of the package
 
@@ -240,15 +241,24 @@ class MpiEngine:
         return array
 
     def allgather_text(self, text: str, step: str) -> list[str]:
-        """Every rank's ``text`` in rank order: an all-gather of lengths, then of bytes."""
-        data = np.frombuffer(text.encode(), dtype=np.uint8)
+        """Every rank's ``text`` in rank order. One all-gather of fixed slots when every text
+        fits one (digests, host names), else a second of the lengths and the bytes."""
+        data = text.encode()
         control = self._control
+        slot = np.zeros(_SLOT, dtype=np.uint8)
+        slot[0] = len(data) if len(data) < _SLOT else _SLOT  # _SLOT: "does not fit"
+        if len(data) < _SLOT:
+            slot[1:1 + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        slots = np.zeros((control.Get_size(), _SLOT), dtype=np.uint8)
+        self.watched(step, None, None, control.Allgather, slot, slots)
+        if (slots[:, 0] < _SLOT).all():
+            return [row[1:1 + row[0]].tobytes().decode() for row in slots]
         lengths = np.zeros(control.Get_size(), dtype=np.int64)
         self.watched(step, None, None, control.Allgather,
-                     np.array([data.size], dtype=np.int64), lengths)
+                     np.array([len(data)], dtype=np.int64), lengths)
         starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
         out = np.zeros(int(lengths.sum()), dtype=np.uint8)
-        self.watched(step, None, None, control.Allgatherv, data,
+        self.watched(step, None, None, control.Allgatherv, np.frombuffer(data, dtype=np.uint8),
                      [out, lengths, starts, MPI.BYTE])
         raw = out.tobytes()
         return [raw[s:s + n].decode() for s, n in zip(starts.tolist(), lengths.tolist(),
