@@ -278,7 +278,8 @@ class MpiEngine:
 
     def _who_is_missing(self, members: Sequence[int] | None) -> MpiWaitError:
         """Ask the other members what they are doing (the watchdog of each answers, even in
-        the user's own code); those in another call, or not answering, are named."""
+        the user's own code); those in another call, or not answering, are named. Runs on
+        the watchdog thread."""
         me = MPI.COMM_WORLD.Get_rank()
         group: Sequence[int] = range(self._control.Get_size()) if members is None else members
         if len(group) > QUERY_LIMIT:
@@ -290,11 +291,13 @@ class MpiEngine:
         answers: dict[int, str] = {}
         status = MPI.Status()
         deadline = time.monotonic() + SETTLE_S
+        answering: list[tuple[Any, Any]] = []
         while len(answers) < len(others) and time.monotonic() < deadline:
             while self._control.Iprobe(MPI.ANY_SOURCE, _ANSWER, status):
                 body = bytearray(status.Get_count(MPI.BYTE))
                 self._control.Recv(body, status.Get_source(), _ANSWER)
                 answers[status.Get_source()] = body.decode()
+            answering = self._service(answering)  # the others ask this rank meanwhile
             time.sleep(0.01)
         MPI.Request.Testall(sends)
         by_call: dict[str, list[int]] = {}
@@ -321,9 +324,13 @@ class MpiEngine:
         and abort the job (a blocking MPI call cannot be interrupted)."""
         sends: list[tuple[Any, Any]] = []
         me = MPI.COMM_WORLD.Get_rank()
+        control_works = True
         try:
             while not self._stop.wait(LOOK_S):
-                sends = self._service(sends)
+                try:
+                    sends = self._service(sends) if control_works else []
+                except MPI.Exception:  # a failed process (ULFM): the main thread's call
+                    control_works = False  # says so; only the timeout is watched from now
                 call = self.call
                 if call is None:
                     continue
@@ -335,7 +342,9 @@ class MpiEngine:
                         f"{where} failed: {rank_words(gone)} left the job (its script ended, "
                         f"or it exited) while rank {me} waited for it. {FIX_FAILED}")
                 elif time.monotonic() - since > self.timeout_s:
-                    err = self._who_is_missing(members).ours(where, self.timeout_s)
+                    err = (self._who_is_missing(members) if control_works else MpiWaitError(
+                        "timeout", "the control messages failed, so nobody was asked", None)
+                           ).ours(where, self.timeout_s)
                 else:
                     continue
                 if self.call is call:  # still in it
