@@ -385,7 +385,7 @@ IN_MPI_CHILD = [c for c in CASES if c.world.startswith("mpi")]
 _CHILD = """
 import json, sys
 import numpy as np
-import torch
+torch = __import__("torch") if "torch." in sys.argv[2] else None  # 2 s to import: when used
 import tensorplay.distributed as dist
 from tensorplay.distributed.device_mesh import DeviceMesh, init_device_mesh
 if sys.argv[1] == "mpi":

@@ -446,8 +446,8 @@ def test_shift_matches_a_brute_force_reference_on_every_rank(n, shape, explicit)
                     mesh.shift(0)
                 continue
             for dim, periodic in itertools.product(range(len(shape)), (False, True)):
-                size = shape[dim]
-                for disp in range(-size - 1, size + 2):
+                size = shape[dim]  # steps within, at and past the ends, both ways
+                for disp in sorted({-size - 1, -size, -2, -1, 0, 1, 2, size - 1, size, size + 1}):
                     got = mesh.shift(dim, disp, periodic)
                     assert got == _shift_reference(array, rank, dim, disp, periodic), (
                         rank, dim, disp, periodic)

@@ -171,6 +171,7 @@ def test_a_world_started_by_the_users_mpi4py_is_adopted():
     assert results() == {0: [[2.0], 2], 1: [[2.0], 2]}
 
 
+@pytest.mark.slow  # waits 3 s on purpose
 def test_a_rank_that_ends_later_without_a_collective_is_not_a_failure():
     """Ranks 1-3 end their script 3 s before rank 0 does: they wait for it at exit (and say
     they left), and the job ends cleanly."""
