@@ -3,6 +3,7 @@ and examples/train_fsdp_tp.py (FSDP2 + tensor parallelism on our mesh)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -75,3 +76,35 @@ def test_fsdp_tp_example_matches_single_process_training():
     assert len(steps) == 5 and steps[-1] < 0.8 * steps[0], steps  # it learns
     assert 0 <= max_diff(out) < TOLERANCE
     assert "OK: matches single-process training" in out
+
+
+# -- examples/heat2d.py: numpy only, the same script on the MPI engine and on gloo -------------
+HEAT = "examples/heat2d.py"
+
+
+def heat_diff(out: str) -> float:
+    found = re.findall(r"max abs diff vs one process: (\S+) \(tolerance", out)
+    assert len(found) == 1, out
+    return float(found[0])
+
+
+def test_heat2d_on_gloo_matches_one_process():
+    done = subprocess.run([sys.executable, "-m", "tensorplay.distributed.run",
+                           "--nproc-per-node", "8", HEAT, "--steps", "60"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, errors="replace")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "on the gloo backend" in done.stdout
+    assert heat_diff(done.stdout) <= 1e-12
+
+
+def test_heat2d_on_the_mpi_engine_matches_one_process():
+    from tests.distributed.backends import test_mpi
+
+    if importlib.util.find_spec("mpi4py") is None or test_mpi.MPIEXEC is None:
+        pytest.skip("the MPI engine needs mpi4py and mpiexec: pip install -e '.[mpi]'")
+    done = subprocess.run([test_mpi.MPIEXEC, "-n", "8", sys.executable, HEAT, "--steps", "60"],
+                          cwd=ROOT, env=test_mpi.job_env(), capture_output=True, text=True,
+                          timeout=300, errors="replace", start_new_session=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "on the mpi backend" in done.stdout
+    assert heat_diff(done.stdout) <= 1e-12

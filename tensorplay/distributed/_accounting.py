@@ -14,10 +14,17 @@ compared through the store when the job ends or fails:
 
 On the (2, 4) mesh of the main job, rank 0 calling all_reduce on "tp" once more than ranks 1-3
 ends with: "rank 0 made 11 collective calls on the 'tp' group [0-3]; ranks 1-3 made 10".
+
+An engine without a store (MPI) compares the counts at destroy_process_group() with one
+all-gather over the world (``Engine.allgather_text``: each rank's counts as JSON, O(world
+size) text per rank); each group's first member raises as above. After a failed collective
+nothing is compared there: a stray call leaves the rank that made it waiting, and its timeout
+error says what the other members wait in (the engine asks them).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from contextlib import suppress
@@ -49,9 +56,12 @@ def check_at_end(world: World) -> None:
 
     Raises CallMismatchError for the first group whose posted counts differ.
     """
-    if world.store is None or world.size == 1:
+    if world.simulated or world.size == 1:
         return
     mine = [g for g in world.groups() if g.is_member and g.size() > 1]
+    if world.store is None:
+        _check_by_gather(world, mine)
+        return
     post(world, mine)
     grace = min(GRACE_S, world.timeout.total_seconds())
     try:
@@ -62,6 +72,23 @@ def check_at_end(world: World) -> None:
                     raise error
     finally:
         _leave(world, grace)
+
+
+def _check_by_gather(world: World, mine: list[ProcessGroup]) -> None:
+    """At destroy, without a store: every rank's counts all-gathered; each group's first
+    member compares its group's."""
+    counted = [g for g in mine if g.size() <= _LARGEST]
+    step = "destroy_process_group(): comparing collective call counts"
+    every = [json.loads(t) for t in world.engine.allgather_text(
+        json.dumps({g.name: g.calls for g in counted}), step)]
+    for group in counted:
+        if group.rank() != 0:
+            continue
+        by_count: dict[int, list[int]] = {}
+        for member in group.ranks:
+            by_count.setdefault(every[member].get(group.name, 0), []).append(member)
+        if len(by_count) > 1:
+            raise CallMismatchError(group.label, by_count)
 
 
 def _leave(world: World, grace: float) -> None:

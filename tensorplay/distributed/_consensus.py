@@ -1,9 +1,9 @@
 """Cross-rank agreement: before a mesh creates a group, every rank checks it was asked the same.
 
-The check runs through the job's store alone, so it costs a few store round trips and no
-collective (and works the same on gloo and nccl worlds). At check #n each rank posts a digest
-of its request (``_keys.CHECK_ARRIVE``) and waits for the outcome (``_keys.CHECK_OUTCOME``);
-rank 0 reads every digest with one multi_get, which returns once
+On an engine with a store, the check runs through the store alone, so it costs a few store
+round trips and no collective (and works the same on gloo and nccl worlds). At check #n each
+rank posts a digest of its request (``_keys.CHECK_ARRIVE``) and waits for the outcome
+(``_keys.CHECK_OUTCOME``); rank 0 reads every digest with one multi_get, which returns once
 all are posted, and posts the outcome. Only short text travels, nothing is pickled. On a
 difference the ranks holding each distinct request post its JSON text, and every rank raises
 the same MeshMismatchError naming which ranks passed which value.
@@ -19,6 +19,11 @@ When a check cannot finish, the error says why and who:
   own timeout;
 - a store that cannot be reached names rank 0, which serves it for env:// and tcp://, or the
   ranks of this host that died.
+
+An engine without a store (MPI) compares the same digests with one all-gather over the world
+(``Engine.allgather_text``); on a difference a second all-gather carries the JSON text of the
+first rank of each distinct request, and every rank raises the same MeshMismatchError as the
+store path words it. Its waits are the engine's, bounded by the same timeout.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from . import _arrivals, _keys
-from ._failures import FIX_LATE, Dead, death_watch, diagnose, store_call
+from ._failures import FIX_LATE, Dead, death_watch, diagnose, named_failures, store_call
 from .errors import (
     DistributedTimeoutError,
     MeshMismatchError,
@@ -51,12 +56,15 @@ def agree(world: World, what: str, request: dict[str, object]) -> None:
     DistributedTimeoutError naming the ranks that never arrived when the wait expires, and
     RankFailedError naming dead ranks when a peer dies or the store breaks.
     """
-    if world.store is None or world.size == 1:  # a simulated (or 1-rank) world agrees
+    if world.simulated or world.size == 1:  # a simulated (or 1-rank) world agrees
         return
     n = world.spmd.next("check")
     step = f"{what} (cross-rank check #{n})"
     arrived_at = time.time()
     text = json.dumps(request, sort_keys=True, default=str)
+    if world.store is None:
+        _agree_by_gather(world, what, step, text)
+        return
     store, spmd = world.store, world.spmd
     store_call(world, step, lambda: store.set(
         spmd.key(_keys.CHECK_ARRIVE, n=n, rank=world.rank), _digest(text)))
@@ -80,6 +88,24 @@ def agree(world: World, what: str, request: dict[str, object]) -> None:
             fix=FIX_LATE,
         )
     raise _diagnosed(world, step, n, None, timed_out=True)  # another waiter gave up first
+
+
+def _agree_by_gather(world: World, what: str, step: str, text: str) -> None:
+    """The check on an engine without a store: the digests all-gathered, then on a
+    difference the texts of the ranks whose requests are shown."""
+    with named_failures(world, step):
+        digests = world.engine.allgather_text(_digest(text), step)
+    by_digest: dict[str, list[int]] = {}
+    for rank, d in enumerate(digests):
+        by_digest.setdefault(d, []).append(rank)
+    if len(by_digest) == 1:
+        return
+    ranks_of = list(by_digest.values())
+    shown = ranks_of[:SHOWN_VALUES]
+    posts = any(ranks[0] == world.rank for ranks in shown)
+    with named_failures(world, step):
+        texts = world.engine.allgather_text(text if posts else "", step)
+    raise _mismatch(what, [json.loads(texts[ranks[0]]) for ranks in shown], ranks_of)
 
 
 def _digest(text: str) -> str:
@@ -207,12 +233,18 @@ def _raise_mismatch(world: World, what: str, step: str, n: int, text: str, group
     request's text; every rank reads those texts, so every rank words the same error.
     """
     ranks_of = [_unruns(g) for g in groups.split(" ")]
-    shown, hidden = ranks_of[:SHOWN_VALUES], ranks_of[SHOWN_VALUES:]
+    shown = ranks_of[:SHOWN_VALUES]
     keys = [world.spmd.key(_keys.CHECK_REQUEST, n=n, rank=ranks[0]) for ranks in shown]
     if any(ranks[0] == world.rank for ranks in shown):
         mine = world.spmd.key(_keys.CHECK_REQUEST, n=n, rank=world.rank)
         store_call(world, step, lambda: world.store.set(mine, text))
-    requests = [json.loads(raw) for raw in _await(world, step, n, keys)]
+    raise _mismatch(what, [json.loads(raw) for raw in _await(world, step, n, keys)], ranks_of)
+
+
+def _mismatch(what: str, requests: list[dict], ranks_of: list[list[int]]) -> MeshMismatchError:
+    """The error naming who passed what for the first differing field: ``requests`` are the
+    requests of the first SHOWN_VALUES groups of ``ranks_of`` (ranks per distinct request)."""
+    shown, hidden = ranks_of[:SHOWN_VALUES], ranks_of[SHOWN_VALUES:]
     fields = sorted({key for request in requests for key in request})
     differing = [f for f in fields
                  if len({json.dumps(r.get(f), sort_keys=True) for r in requests}) > 1]
@@ -223,4 +255,4 @@ def _raise_mismatch(world: World, what: str, step: str, n: int, text: str, group
     if hidden:
         by_value[f"<{len(hidden)} more distinct requests>"] = [r for g in hidden for r in g]
     also = f" (also differing: {', '.join(differing[1:])})" if len(differing) > 1 else ""
-    raise MeshMismatchError(f"{field} in {what}{also}", by_value)
+    return MeshMismatchError(f"{field} in {what}{also}", by_value)

@@ -1,7 +1,7 @@
 """The interface an engine meets, and the store it may offer: the seam below the package.
 
-An engine moves the bytes: torch's c10d (gloo, nccl) and the in-process "fake" world today,
-MPI through mpi4py next. Everything above ``backends/`` reaches an engine only through the
+An engine moves the bytes: torch's c10d (gloo, nccl), MPI through mpi4py, and the
+in-process "fake" world. Everything above ``backends/`` reaches an engine only through the
 ``Engine`` and ``GroupOps`` methods below, found by backend name in the registry
 (``backends/__init__.py``); no module above the engines imports one or tests for its name.
 
@@ -20,10 +20,12 @@ and FSDP2 take) converts our meshes to it and back: ``to_native_mesh()`` builds 
 ``NativeMesh`` for ``DeviceMesh.from_torch()`` to adopt.
 
 ``Capabilities`` say what an engine can do, so the package asks "does it have a store?",
-never "is it torch?". An MPI engine (no store, numpy buffers) meets the same Protocol:
-``start`` is MPI's init, ``new_group`` one ``Comm.Split``/``Create_group`` per group,
-``ops`` calls the communicator's collectives, and ``has_store=False`` makes the cross-rank
-check run without a store.
+never "is it torch?". The MPI engine (no store, numpy buffers) meets the same Protocol:
+``start`` is MPI's init, ``new_group`` one ``Create_group`` per group, ``ops`` calls the
+communicator's collectives. Without a store, the three things the package did through one
+(the cross-rank check, the host exchange, the call counts compared at the end) go through
+``allgather_text``, the one method a store-less engine adds: an all-gather of short texts
+over the whole world, bounded by the world's timeout.
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ class Capabilities:
     """What an engine can do; the package decides by these, never by the engine's name.
 
     simulated: the world exists only in this process (any rank of any size); nothing moves.
-    has_store: a job-wide key-value store serves the cross-rank check, host map and barrier
-        arrival marks.
+    has_store: a job-wide key-value store serves the cross-rank check, host map, call counts
+        and barrier arrival marks (and the store needs a rendezvous address); without one a
+        real (not simulated) world does them with ``Engine.allgather_text``.
     can_abort: a pending collective can be aborted from another thread (NCCL's abort).
     """
 
@@ -192,9 +195,10 @@ class Engine(Protocol):
         by Lightning, say); None otherwise. Changes nothing."""
         ...
 
-    def adopt(self) -> Started:
+    def adopt(self, timeout: timedelta) -> Started:
         """Join the running world as it is: its world group, and its store under a fresh
-        key prefix; post this rank's join mark there, as ``start`` does."""
+        key prefix; post this rank's join mark there, as ``start`` does. ``timeout`` bounds
+        the engine's own waits from now on."""
         ...
 
     def new_group(
@@ -248,6 +252,13 @@ class Engine(Protocol):
     def mesh_from_native(self, obj: object) -> NativeMesh | None:
         """``obj``, one of the engine's own mesh objects, described for adoption; None when
         ``obj`` is not one. Raise BackendError when the engine has no mesh objects."""
+        ...
+
+    def allgather_text(self, text: str, step: str) -> list[str]:
+        """Every rank's ``text``, in world rank order, on every rank: the store-less engine's
+        one way to compare across ranks (called in step by every rank; ``step`` names the
+        call in errors). Waits up to the world's timeout. Engines with a store, or a
+        simulated world, are never asked."""
         ...
 
     def destroy(self, adopted: bool) -> None:

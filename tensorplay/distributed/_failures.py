@@ -163,7 +163,7 @@ def diagnose(
     parts = [f"{step} failed: the connection to a peer rank broke"]
     if never:
         parts.append(never)
-    else:
+    elif world.engine.capabilities.has_store:  # else the engine said who it lost
         parts.append("no rank on this host died, so a rank on another host probably did")
     return RankFailedError("; ".join(parts) + f".{said} {FIX_FAILED}", ranks=missing or None)
 

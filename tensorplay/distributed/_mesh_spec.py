@@ -184,6 +184,30 @@ class MeshSpec:
         position = self._position_of(rank)
         return None if position is None else self.layout.coordinate(position)
 
+    def shift(self, rank: int, dim: int, disp: int, periodic: bool
+              ) -> tuple[int | None, int | None]:
+        """(source, dest) of ``rank`` along ``dim``, as MPI's ``Cart_shift``: dest is the rank
+        ``disp`` steps further along the dim, source the rank ``disp`` steps back; None past
+        an open end, wrapped around when ``periodic``. O(ndim).
+
+        On the (2, 4) row-major mesh, rank 5 = (1, 1): shift(5, 1, 1, False) = (4, 6);
+        shift(5, 1, 3, False) = (None, None); shift(5, 1, 3, True) = (6, 4).
+        """
+        coord = self.coordinate_of(rank)
+        if coord is None:
+            raise ValueError(f"rank {rank} is not in the mesh")
+        size = self.shape[dim]
+
+        def at(step: int) -> int | None:
+            i = coord[dim] + step
+            if periodic:
+                i %= size
+            elif not 0 <= i < size:
+                return None
+            return self.rank_at(coord[:dim] + (i,) + coord[dim + 1:])
+
+        return at(-disp), at(disp)
+
     def line(self, rank: int, dim: int) -> Ranks:
         """Ranks on the line through ``rank`` along ``dim``, in mesh order."""
         return self.select((dim,), rank).ranks()

@@ -148,6 +148,27 @@ class DeviceMesh:
         dim = self._dim_or_only(mesh_dim, "get_local_rank")
         return self._my_coordinate("get_local_rank()")[dim]
 
+    def shift(self, mesh_dim: int | str | None = None, disp: int = 1,
+              periodic: bool = False) -> tuple[int | None, int | None]:
+        """(source, dest): the global ranks this rank receives from and sends to when every
+        rank passes data ``disp`` steps along ``mesh_dim``, as MPI's ``Cart_shift``; None
+        past an open end, wrapped around when ``periodic``. Pure geometry, O(ndim), no
+        communication, on every engine.
+
+        On a (2, 4) mesh named ("dp", "tp"), rank 5 = (1, 1): shift("tp") = (4, 6),
+        shift("tp", 3) = (None, None), shift("tp", 3, periodic=True) = (6, 4),
+        shift("dp") = (1, None). A halo exchange sends to dest and receives from source.
+        """
+        dim = self._dim_or_only(mesh_dim, "shift")
+        if isinstance(disp, bool) or not isinstance(disp, int):
+            raise bad_argument("disp", disp, "must be an int number of steps",
+                               "pass e.g. disp=1 or disp=-1")
+        if not isinstance(periodic, bool):
+            raise bad_argument("periodic", periodic, "must be True or False",
+                               "pass periodic=True to wrap around the dim")
+        self._my_coordinate("shift()")
+        return self._spec.shift(self._world.rank, dim, disp, periodic)
+
     def get_group(self, mesh_dim: int | str | None = None) -> ProcessGroup:
         """The process group along ``mesh_dim`` through this rank."""
         dim = self._dim_or_only(mesh_dim, "get_group")

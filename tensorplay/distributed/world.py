@@ -255,7 +255,7 @@ def init_process_group(
         backend, init_method, rank, world_size, timeout)
     engine = backends.engine_for(backend)
     master = None
-    if not engine.capabilities.simulated:
+    if engine.capabilities.has_store:  # a store needs an address to meet at
         master = _master_address(init_method, _env.detect(), world_size)
     started = engine.start(
         backend, init_method, rank=rank, world_size=world_size, timeout=wait, master=master
@@ -271,7 +271,7 @@ def _adopt(engine: Engine, found: Running, backend: object, timeout: object,
         raise bad_argument("backend", backend, f"differs from the {found.backend!r} world "
                            "already started", f"pass backend={found.backend!r} or none")
     wait = to_timedelta(timeout)
-    started = engine.adopt()
+    started = engine.adopt(wait)
     log.info("adopted the %s world already started: rank %d of %d", found.backend,
              found.rank, found.world_size)
     _join(World(found.rank, found.world_size, found.backend, wait, engine, started.store,
@@ -279,13 +279,20 @@ def _adopt(engine: Engine, found: Running, backend: object, timeout: object,
 
 
 def _join(world: World, progress_s: float) -> None:
-    """Make ``world`` this process's world and exchange host names through its store."""
+    """Make ``world`` this process's world and exchange host names (through its store, else
+    through the engine's all-gather)."""
     global _WORLD
     _WORLD = world
     _progress.watch(world, progress_s)
+    step = "init_process_group(): exchanging host names"
     if world.store is not None and world.size > 1:
-        with named_failures(world, "init_process_group(): exchanging host names"):
+        with named_failures(world, step):
             world.host_pids = _exchange_hosts(world)
+    elif not world.simulated and world.size > 1:
+        from ._topology import hosts_from_names
+
+        with named_failures(world, step):
+            world._hosts = hosts_from_names(world.engine.allgather_text(_env.hostname(), step))
     log.debug("joined world: rank %d of %d, backend %s", world.rank, world.size,
               world.backend)
 
@@ -428,7 +435,8 @@ def destroy_process_group() -> None:
     world = current_world("destroy_process_group()")
     _WORLD = None
     try:
-        _accounting.check_at_end(world)
+        with named_failures(world, "destroy_process_group(): comparing collective call counts"):
+            _accounting.check_at_end(world)
     finally:
         world.close()
 

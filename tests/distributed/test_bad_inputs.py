@@ -3,7 +3,9 @@
 Each case is one row of docs/bad_inputs.md: the call (run here with eval, so the docs show
 exactly what runs), the exception class, and the start of its message. Every message must name
 the argument (``arg``) and say "Fix". Most cases run as rank 3 of a simulated world of 8
-("fake"); collectives that check dtype and device run in a real 1-rank gloo world.
+("fake"); collectives that check dtype and device run in a real 1-rank gloo world. The MPI
+engine's cases ("mpi": a 1-rank MPI world; "mpi-none": no world) run in a child process, so
+that MPI never starts in this one (a running MPI world is adopted by init_process_group()).
 
 Regenerate the docs table after changing CASES:
     python tests/distributed/test_bad_inputs.py > /tmp/table.md   (then paste it in)
@@ -11,8 +13,12 @@ Regenerate the docs table after changing CASES:
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import socket
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +55,7 @@ class Case:
 
     id: str
     world: str  # "fake" (rank 3 of 8), "none", "destroyed", "renewed" (destroyed, then a
-    # new fake world), "gloo" (1 real rank)
+    # new fake world), "gloo" (1 real rank), "mpi" (1 MPI rank), "mpi-none" (MPI, no world)
     call: str  # evaluated with the names of _namespace()
     error: type[Exception]
     start: str  # the message starts with this
@@ -180,8 +186,8 @@ CASES = [
       ArgumentError, "dim='tp': is not a dim name of this mesh", "dim"),
     C("override-unknown-backend", "fake",
       "init_device_mesh('cpu', (2, 4), mesh_dim_names=('dp', 'tp'), "
-      "backend_override={'dp': 'mpi'})",
-      ArgumentError, "backend_override={'dp': 'mpi'}: unknown backend 'mpi'",
+      "backend_override={'dp': 'ucc'})",
+      ArgumentError, "backend_override={'dp': 'ucc'}: unknown backend 'ucc'",
       "backend_override"),
     C("override-unknown-dim", "fake",
       "init_device_mesh('cpu', (2, 4), mesh_dim_names=('dp', 'tp'), "
@@ -248,9 +254,30 @@ CASES = [
     C("gloo-wrong-numel", "gloo",
       "dist.all_gather_into_tensor(torch.zeros(3), torch.zeros(2))", ArgumentError,
       "output_tensor='<3 elements>': needs 2 elements", "output_tensor"),
+    # -- collectives and meshes on a real MPI rank (a child process) -----------------------
+    C("mpi-bfloat16-reduce", "mpi", "dist.all_reduce(torch.ones(2, dtype=torch.bfloat16))",
+      ArgumentError, "tensor='<tensor of torch.bfloat16>': MPI cannot reduce bfloat16 "
+      "correctly (MPICH rejects it, Open MPI returns wrong sums), so nothing was sent",
+      "tensor"),
+    C("mpi-complex-max", "mpi",
+      "dist.all_reduce(np.ones(2, dtype=np.complex64), op=dist.ReduceOp.MAX)", ArgumentError,
+      "op='ReduceOp.MAX': cannot order complex64 values", "op"),
+    C("mpi-avg-of-ints", "mpi", "dist.all_reduce(np.ones(2, dtype=np.int32), "
+      "op=dist.ReduceOp.AVG)", ArgumentError,
+      "op='ReduceOp.AVG': cannot average int32 values", "op"),
+    C("mpi-cuda-mesh", "mpi", "init_device_mesh('cuda', (1,))", ArgumentError,
+      "device_type='cuda': the mpi backend moves CPU memory only", "device_type"),
+    C("mpi-under-torchrun", "mpi-none", "dist.init_process_group('mpi')", LaunchEnvError,
+      "init_process_group('mpi'): the launcher (torchrun) says rank 0 of 2, but MPI sees a "
+      "world of 1", "init_process_group('mpi')",
+      env={"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"}),
+    C("mpi-init-method", "mpi-none",
+      "dist.init_process_group('mpi', 'tcp://127.0.0.1:1', rank=0, world_size=1)",
+      ArgumentError, "init_method='tcp://127.0.0.1:1': the mpi backend joins the world that "
+      "mpiexec started", "init_method"),
     # -- init_process_group ----------------------------------------------------------------
-    C("init-unknown-backend", "none", "dist.init_process_group('mpi', rank=0, world_size=1)",
-      ArgumentError, "backend='mpi': unknown backend", "backend"),
+    C("init-unknown-backend", "none", "dist.init_process_group('ucc', rank=0, world_size=1)",
+      ArgumentError, "backend='ucc': unknown backend", "backend"),
     C("init-backend-not-str", "none", "dist.init_process_group(3, rank=0, world_size=1)",
       ArgumentTypeError, "backend=3: expected str, got int", "backend"),
     C("init-rank-too-big", "none", "dist.init_process_group('fake', rank=8, world_size=8)",
@@ -385,7 +412,25 @@ def _setup(case: Case) -> dict[str, object]:
     return names
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+IN_PROCESS = [c for c in CASES if not c.world.startswith("mpi")]
+IN_MPI_CHILD = [c for c in CASES if c.world.startswith("mpi")]
+_CHILD = """
+import json, sys
+import numpy as np
+torch = __import__("torch") if "torch." in sys.argv[2] else None  # 2 s to import: when used
+import tensorplay.distributed as dist
+from tensorplay.distributed.device_mesh import DeviceMesh, init_device_mesh
+if sys.argv[1] == "mpi":
+    dist.init_process_group("mpi", rank=0, world_size=1, timeout=30)
+try:
+    eval(sys.argv[2])
+    print(json.dumps(None))
+except Exception as err:
+    print(json.dumps([[c.__name__ for c in type(err).__mro__], str(err)]))
+"""
+
+
+@pytest.mark.parametrize("case", IN_PROCESS, ids=[c.id for c in IN_PROCESS])
 def test_bad_input(case: Case, clean_env):
     for name, value in case.env.items():
         clean_env.setenv(name, value)
@@ -412,6 +457,23 @@ def test_bad_input(case: Case, clean_env):
         good = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
         assert good.get_coordinate() == [0, 3]
         assert good.get_group("tp").ranks == [0, 1, 2, 3]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None,
+                    reason="mpi4py is not installed (pip install -e '.[mpi]')")
+@pytest.mark.parametrize("case", IN_MPI_CHILD, ids=[c.id for c in IN_MPI_CHILD])
+def test_bad_input_on_mpi(case: Case):
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCH_VARS and not k.startswith(LAUNCH_PREFIXES)}
+    done = subprocess.run([sys.executable, "-c", _CHILD, case.world, case.call],
+                          env={**env, **case.env}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    caught = json.loads(done.stdout.strip().splitlines()[-1])
+    assert caught is not None, f"{case.call} did not raise"
+    types, message = caught
+    assert case.error.__name__ in types and "DistributedError" in types, types
+    assert message.startswith(case.start), message
+    assert case.arg in message and "Fix" in message, message
 
 
 def test_a_failed_init_leaves_no_world_and_a_good_one_follows(clean_env):

@@ -407,3 +407,85 @@ def test_a_mesh_is_a_frozen_value_whose_key_holds_its_backends():
         assert nccl != mixed and len({nccl, mixed}) == 2
         assert DeviceMesh._make(world, "cuda", spec, spec, ("gloo", "nccl"), ()) == mixed
         assert init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp")) == mesh
+
+
+# -- the neighbour query: mesh.shift(dim, disp, periodic), as MPI's Cart_shift -------------------
+def _shift_reference(array: np.ndarray, rank: int, dim: int, disp: int, periodic: bool):
+    """(source, dest) by brute force over the materialised rank array."""
+    coord = [int(c) for c in np.argwhere(array == rank)[0]]
+
+    def at(step: int):
+        i = coord[dim] + step
+        if periodic:
+            i %= array.shape[dim]
+        elif not 0 <= i < array.shape[dim]:
+            return None
+        return int(array[tuple(coord[:dim] + [i] + coord[dim + 1:])])
+
+    return at(-disp), at(disp)
+
+
+SHIFT_MESHES = [(n, shape, None) for n, shape in CASES] + [
+    (8, (2, 4), [[3, 1, 7, 5], [2, 0, 6, 4]]),  # a permuted mesh keeps a rank table
+    (12, (2, 3), [[11, 0, 5], [2, 9, 4]]),  # a subset of the world
+]
+
+
+@pytest.mark.parametrize(("n", "shape", "explicit"), SHIFT_MESHES,
+                         ids=[f"{n}-{s}-{'explicit' if e else 'row'}" for n, s, e in SHIFT_MESHES])
+def test_shift_matches_a_brute_force_reference_on_every_rank(n, shape, explicit):
+    for rank in range(n):
+        with fake_world(rank, n):
+            if explicit is None:
+                mesh = init_device_mesh("cpu", shape)
+            else:
+                mesh = DeviceMesh("cpu", explicit)
+            array = np.asarray(mesh.spec.array())
+            if mesh.get_coordinate() is None:
+                with pytest.raises(dist.NotAMemberError):
+                    mesh.shift(0)
+                continue
+            for dim, periodic in itertools.product(range(len(shape)), (False, True)):
+                size = shape[dim]  # steps within, at and past the ends, both ways
+                for disp in sorted({-size - 1, -size, -2, -1, 0, 1, 2, size - 1, size, size + 1}):
+                    got = mesh.shift(dim, disp, periodic)
+                    assert got == _shift_reference(array, rank, dim, disp, periodic), (
+                        rank, dim, disp, periodic)
+                    back = mesh.shift(dim, -disp, periodic)
+                    assert back == got[::-1]  # a shift back swaps source and dest
+
+
+def test_shift_laws_on_a_million_ranks():
+    """Periodic shifts compose, and source and dest invert each other, on chosen ranks of a
+    (1024, 32, 32) mesh, without materialising it."""
+    shape = (1024, 32, 32)
+    for rank in (0, 5, 31, 32 * 32 - 1, 123_457, (1 << 20) - 1):
+        with fake_world(rank, 1 << 20):
+            mesh = init_device_mesh("cpu", shape, mesh_dim_names=("a", "b", "c"))
+            coord = mesh.get_coordinate()
+            for dim, name in enumerate(("a", "b", "c")):
+                step = 32 * 32 if dim == 0 else (32 if dim == 1 else 1)
+                dest = mesh.shift(name, 3, periodic=True)[1]
+                assert dest == rank + ((coord[dim] + 3) % shape[dim] - coord[dim]) * step
+                twice = mesh.shift(name, 6, periodic=True)[1]  # two shifts of 3 are one of 6
+                assert twice == rank + ((coord[dim] + 6) % shape[dim] - coord[dim]) * step
+                source, dest = mesh.shift(name, 3)
+                assert (dest is None) == (coord[dim] + 3 >= shape[dim])
+                assert (source is None) == (coord[dim] - 3 < 0)
+
+
+def test_shift_names_its_bad_arguments():
+    with fake_world(5, 8):
+        mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+        assert mesh.shift("tp") == (4, 6)
+        assert mesh.shift("tp", 3) == (None, None)
+        assert mesh.shift("tp", 3, periodic=True) == (6, 4)
+        assert mesh.shift("dp") == (1, None)
+        with pytest.raises(dist.ArgumentError, match=r"^disp=1\.0: must be an int"):
+            mesh.shift("tp", 1.0)
+        with pytest.raises(dist.ArgumentError, match=r"^periodic=1: must be True or False"):
+            mesh.shift("tp", 1, 1)
+        with pytest.raises(dist.UnknownDimError):
+            mesh.shift("pp")
+        with pytest.raises(dist.ArgumentError, match=r"^mesh_dim=None: is required"):
+            mesh.shift()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,8 @@ def test_pure_modules_import_no_engine(module):
     assert not _module_level_imports(PACKAGE / f"{module}.py") & ENGINES
 
 
-# the torch engine: the only files that may import torch, anywhere in them
+# the torch engine: the only files that may import torch, anywhere in them (a torch tensor
+# handed to the MPI engine is seen through its own methods and sys.modules)
 TORCH_ENGINE = {"backends/torch_c10d.py", "backends/torch_collectives.py",
                 "backends/torch_mesh.py",
                 # torch's DTensor and tensor parallelism on our mesh: adapters of torch's own
@@ -62,6 +64,15 @@ def _package_files() -> list[str]:
 def test_only_the_torch_engine_imports_torch():
     importers = [f for f in _package_files() if "torch" in _all_imports(PACKAGE / f)]
     assert set(importers) == TORCH_ENGINE, importers
+
+
+# the MPI engine: the only files that may import mpi4py, anywhere in them
+MPI_ENGINE = {"backends/mpi.py", "backends/mpi_collectives.py"}
+
+
+def test_only_the_mpi_engine_imports_mpi4py():
+    importers = [f for f in _package_files() if "mpi4py" in _all_imports(PACKAGE / f)]
+    assert set(importers) == MPI_ENGINE, importers
 
 
 def _string_constants(path: Path) -> set[str]:
@@ -94,9 +105,42 @@ def test_backends_never_import_the_mesh():
         assert not any("device_mesh" in name for name in imported), path.name
 
 
-def test_launcher_and_package_load_without_torch():
+def test_launcher_and_package_load_without_any_engine():
     code = ("import sys, tensorplay.distributed, tensorplay.distributed.run;"
-            "print('torch' in sys.modules)")
+            "import tensorplay.distributed.device_mesh;"
+            "print(sorted(m for m in ('torch', 'mpi4py') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "[]"
+
+
+BLOCK_TORCH = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, NoTorch())
+"""
+
+
+def test_without_torch_the_torch_backends_name_the_extra_and_a_fake_mesh_is_numpy():
+    code = BLOCK_TORCH + """
+import tensorplay.distributed as dist
+from tensorplay.distributed import init_device_mesh
+try:
+    dist.init_process_group("gloo", rank=0, world_size=1)
+except dist.BackendError as err:
+    print(err)
+dist.init_process_group("fake", rank=5, world_size=8)
+mesh = init_device_mesh("cpu", (2, 4))
+print(type(mesh.mesh).__name__, mesh.shift(1), "torch" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={k: v for k, v in os.environ.items()
+                                          if not k.startswith(("PMI_", "OMPI_"))})
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == ("backends 'gloo' and 'nccl' need torch, which is not installed. Fix: "
+                        "pip install 'tensorplay-distributed[torch]' (or pip install torch), "
+                        "or use another backend of ('gloo', 'nccl', 'fake', 'mpi').")
+    assert lines[1] == "ndarray (4, 6) False"

@@ -1,19 +1,25 @@
 """The engine registry: which engine runs which backend. The one list of backend names.
 
-Each engine module is the only importer of its engine (torch for ``torch_c10d``) and is
-loaded on first use, so naming a backend costs nothing until a world starts on it. A new
-engine adds one entry here and one module beside this file; nothing above ``backends/``
-changes.
+Each engine module is the only importer of its engine (torch for ``torch_c10d``, mpi4py for
+``mpi``) and is loaded on first use, so naming a backend costs nothing until a world starts
+on it, and an engine that is not installed costs nothing until it is asked for (then
+BackendError says which extra installs it). A new engine adds one entry here and one module
+beside this file; nothing above ``backends/`` changes.
 
     engine_for("gloo").name          # 'torch' (loads torch)
     engine_name("fake")              # 'fake' (loads nothing)
+    default_backend()                # 'mpi' under mpiexec without MASTER_ADDR, else 'gloo'
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from typing import TYPE_CHECKING
+
+from .. import _env
+from ..errors import BackendError
 
 if TYPE_CHECKING:
     from .._engine import Engine, Running
@@ -23,12 +29,23 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "gloo": ("torch", "torch_c10d"),
     "nccl": ("torch", "torch_c10d"),
     "fake": ("fake", "fake"),
+    "mpi": ("mpi", "mpi"),
 }
 BACKENDS: tuple[str, ...] = tuple(_REGISTRY)
 # engine module -> the module whose presence in sys.modules means a world may already run
-# there (started outside this package, e.g. by Lightning or accelerate)
-_ADOPTABLE = {"torch_c10d": "torch.distributed"}
-DEFAULT_ENGINE_MODULE = "torch_c10d"  # asked for the default backend when none is named
+# there (started outside this package: torch.distributed by Lightning or accelerate, MPI by
+# the user's own ``from mpi4py import MPI``)
+_ADOPTABLE = {"torch_c10d": "torch.distributed", "mpi": "mpi4py.MPI"}
+# engine module -> (the distribution it imports, the extra of ours that installs it, and what
+# else it needs to load)
+_NEEDS = {
+    "torch_c10d": ("torch", "torch", "a torch build for this platform"),
+    "mpi": ("mpi4py", "mpi", "an MPI library: pip install mpich (Linux, macOS), or Microsoft "
+            "MPI on Windows"),
+}
+# launchers that start MPI jobs: under them, with no MASTER_ADDR for a torch rendezvous, the
+# default backend is MPI's
+_MPI_LAUNCHERS = ("openmpi", "mpich")
 _loaded: dict[str, Engine] = {}
 
 
@@ -44,8 +61,20 @@ def engine_for(backend: str) -> Engine:
 
 
 def default_backend() -> str:
-    """The backend a world starts on when the user names none."""
-    return _load(DEFAULT_ENGINE_MODULE).default_backend()
+    """The backend a world starts on when the user names none: MPI's under mpiexec or
+    mpirun when no MASTER_ADDR asks for a torch rendezvous, else torch's (nccl with CUDA,
+    else gloo); whichever of the two is installed when only one is."""
+    launch = _env.detect()
+    order = ["torch_c10d", "mpi"]
+    if launch is not None and launch.source in _MPI_LAUNCHERS and launch.master_addr is None:
+        order.reverse()
+    for module in order:
+        if _installed(module):
+            return _load(module).default_backend()
+    raise BackendError(
+        "init_process_group(): no engine is installed (neither torch nor mpi4py). Fix: pip "
+        "install 'tensorplay-distributed[mpi]' (numpy users) or 'tensorplay-distributed[torch]'."
+    )
 
 
 def running_world() -> tuple[Engine, Running] | None:
@@ -60,9 +89,36 @@ def running_world() -> tuple[Engine, Running] | None:
     return None
 
 
+def _installed(module: str) -> bool:
+    """Whether the engine that ``module`` wraps is installed (imports nothing)."""
+    need = _NEEDS.get(module)
+    if need is None or need[0] in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(need[0]) is not None
+    except ImportError:  # a finder that refuses the name: not importable here
+        return False
+
+
 def _load(module: str) -> Engine:
     engine = _loaded.get(module)
     if engine is None:
-        engine = importlib.import_module(f"{__name__}.{module}").ENGINE
+        names = [repr(b) for b, (_, m) in _REGISTRY.items() if m == module]
+        backends = ("backends " if len(names) > 1 else "backend ") + " and ".join(names)
+        if not _installed(module):
+            dist, extra, _ = _NEEDS[module]
+            raise BackendError(
+                f"{backends} need{'' if len(names) > 1 else 's'} {dist}, which is not "
+                f"installed. Fix: pip "
+                f"install 'tensorplay-distributed[{extra}]' (or pip install {dist}), or use "
+                f"another backend of {BACKENDS}."
+            )
+        try:
+            engine = importlib.import_module(f"{__name__}.{module}").ENGINE
+        except (ImportError, OSError, RuntimeError) as err:  # installed, but cannot load
+            raise BackendError(
+                f"{backends} cannot load {_NEEDS[module][0]}: {err}. Fix: install "
+                f"{_NEEDS[module][2]}."
+            ) from err
         _loaded[module] = engine
     return engine

@@ -121,16 +121,17 @@ class FakeEngine:
         """A simulated rank has no device to pick."""
 
     def rank_array(self, array: Any) -> Any:
-        """As torch's engine gives it (a tensor): a simulated world stands in for a real one."""
-        from . import engine_for
+        """As torch's engine gives it (a tensor), where torch is installed: a simulated world
+        stands in for a real one; else the numpy array itself, as the MPI engine gives it."""
+        from . import _installed, engine_for
 
-        return engine_for("gloo").rank_array(array)
+        return engine_for("gloo").rank_array(array) if _installed("torch_c10d") else array
 
     def running(self) -> None:
         """A simulated world is never started outside the package."""
         return None
 
-    def adopt(self) -> Started:
+    def adopt(self, timeout: timedelta) -> Started:
         raise AssertionError("unreachable: running() is always None")
 
     def to_native_mesh(self, view: Any, root: Any) -> Any:
@@ -149,6 +150,9 @@ class FakeEngine:
             "groups belong to a real torch world. Fix: call init_process_group('gloo') (or "
             "nccl) and adopt torch meshes built in that world."
         )
+
+    def allgather_text(self, text: str, step: str) -> list[str]:
+        raise AssertionError("unreachable: a simulated world compares nothing")
 
     def destroy(self, adopted: bool) -> None:
         """Nothing to tear down."""

@@ -394,7 +394,7 @@ class TorchEngine:
             return None
         return Running(dist.get_backend(), dist.get_rank(), dist.get_world_size())
 
-    def adopt(self) -> Started:
+    def adopt(self, timeout: timedelta) -> Started:
         """torch.distributed's world group, and its store under a fresh key prefix."""
         store = dist.PrefixStore(_keys.world_prefix(_keys.next_world()),
                                  c10d._get_default_store())
@@ -413,6 +413,9 @@ class TorchEngine:
         from .torch_mesh import from_native
 
         return from_native(obj)
+
+    def allgather_text(self, text: str, step: str) -> list[str]:
+        raise AssertionError("unreachable: the torch engine compares through its store")
 
     def destroy(self, adopted: bool) -> None:
         """Tear c10d down: every group, or in an adopted world only the groups we made (its
