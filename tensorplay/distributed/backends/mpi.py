@@ -324,7 +324,7 @@ class MpiEngine:
         me = MPI.COMM_WORLD.Get_rank()
         control_works = True
         try:
-            while not self._stop.wait(LOOK_S):
+            while not self._stop.wait(LOOK_S) and not MPI.Is_finalized():  # by the user, say
                 try:
                     sends = self._service(sends) if control_works else []
                 except MPI.Exception:  # a failed process (ULFM): the main thread's call
