@@ -174,6 +174,13 @@ def main() -> None:
         if scenario == "absent" and r in (0, 2):
             dist.new_group([0, 2, n - 1])  # rank 0 waits for ranks 2 and n - 1 to come
         dist.all_reduce(x)
+    elif scenario == "strict":  # TENSORPLAY_STRICT=1: rank 2 broadcasts, the others reduce
+        x = np.ones(2)
+        try:
+            dist.broadcast(x, src=0) if r == 2 else dist.all_reduce(x)
+            report("no error")
+        except dist.CallMismatchError as err:
+            report(str(err))
     elif scenario == "late" and r == 0:
         time.sleep(3)  # finishes its script 3 s after the others, with no collective
     dist.destroy_process_group()
