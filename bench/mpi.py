@@ -127,6 +127,7 @@ def worker(engine: str, rounds: int, out_path: str) -> None:
 
     import tensorplay.distributed as dist
     from tensorplay.distributed.device_mesh import init_device_mesh
+    from tensorplay.distributed.world import current_world
 
     dist.init_process_group(timeout=300)
     rank = dist.get_rank()
@@ -170,10 +171,9 @@ def worker(engine: str, rounds: int, out_path: str) -> None:
                 call()
         result.setdefault(name, []).append(worst((time.perf_counter() - t0) / calls))
 
-    # (b) mesh set-up
+    # (b) mesh set-up: each round in a new epoch of the world, whose groups are made afresh
     for _ in range(rounds):
-        dist.destroy_process_group()
-        dist.init_process_group(timeout=300)
+        current_world("bench").open_epoch()
         world = dist.new_group(list(range(N)))
         sample("mesh ours", lambda: init_device_mesh("cpu", MESH, mesh_dim_names=("dp", "tp")))
         if raw is not None:

@@ -3,7 +3,7 @@
     import tensorplay.distributed as dist
     from tensorplay.distributed import init_device_mesh
 
-    dist.init_process_group()                      # gloo on CPU, nccl on GPU
+    dist.init_process_group()                      # gloo / nccl; mpi under mpiexec
     mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
     dist.all_reduce(x, group=mesh.get_group("tp"))
 """

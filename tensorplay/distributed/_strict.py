@@ -4,8 +4,9 @@ Opt in with ``TENSORPLAY_STRICT=1`` or ``init_process_group(strict=True)``. Each
 fingerprint (the collective, the group's call number, each buffer's shape and dtype, the op,
 src or dst, and the call site in the user's code) is hashed to 8 bytes, and the members
 all-gather the hashes on the group itself before the call runs. When they differ, each
-member posts its fingerprint's words in the store and every member raises the same
-CallMismatchError, e.g. on the main job's "tp" group [0-3]::
+member posts its fingerprint's words in the store (without a store, as on MPI: the members
+all-gather them on the group) and every member raises the same CallMismatchError, e.g. on
+the main job's "tp" group [0-3]::
 
     ranks made different calls on the 'tp' group [0-3] at its call #6:
       rank 0: all_reduce((4, 8) float64, SUM) at train.py:41
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 _PACKAGE = str(Path(__file__).resolve().parent)
 _POINT_TO_POINT = ("send", "recv")
+TEXT_BYTES = 512  # a call's words, as all-gathered by an engine without a store
 
 
 class StrictOps:
@@ -70,16 +72,32 @@ class StrictOps:
         for member, value in zip(group.ranks, every.tolist(), strict=True):
             by_digest.setdefault(value, []).append(member)
         firsts = [ranks[0] for ranks in by_digest.values()]
-        step = f"strict check of call #{n} on {group.label}"
-        store = world.store
-        key = world.spmd.key
-        if world.rank in firsts:
-            store_call(world, step, lambda: store.set(
-                key(_keys.STRICT_CALL, group=group.name, n=n, rank=world.rank), text))
-        texts = store_call(world, step, lambda: store.multi_get(
-            [key(_keys.STRICT_CALL, group=group.name, n=n, rank=r) for r in firsts]))
-        raise CallMismatchError(group.label, seq=n, calls={
-            t.decode(): ranks for t, ranks in zip(texts, by_digest.values(), strict=True)})
+        if world.store is None:  # an engine without a store: the texts travel on the group
+            texts = self._gather_texts(text, firsts)
+        else:
+            step = f"strict check of call #{n} on {group.label}"
+            store = world.store
+            key = world.spmd.key
+            if world.rank in firsts:
+                store_call(world, step, lambda: store.set(
+                    key(_keys.STRICT_CALL, group=group.name, n=n, rank=world.rank), text))
+            texts = [t.decode() for t in store_call(world, step, lambda: store.multi_get(
+                [key(_keys.STRICT_CALL, group=group.name, n=n, rank=r) for r in firsts]))]
+        raise CallMismatchError(group.label, seq=n, calls=dict(
+            zip(texts, by_digest.values(), strict=True)))
+
+    def _gather_texts(self, text: str, firsts: list[int]) -> list[str]:
+        """The call texts of the members in ``firsts``, all-gathered on the group itself in
+        slots of TEXT_BYTES (every member takes part: all saw the same fingerprints)."""
+        import numpy as np
+
+        mine = np.zeros(TEXT_BYTES, dtype=np.uint8)
+        data = text.encode()[:TEXT_BYTES]
+        mine[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+        every = np.zeros((self._group.size(), TEXT_BYTES), dtype=np.uint8)
+        self._inner.all_gather_into_tensor(every, mine, False)
+        rows = [self._group.group_rank(r) for r in firsts]
+        return [every[i].tobytes().rstrip(b"\0").decode(errors="replace") for i in rows]
 
 
 def _words(value: Any) -> str:

@@ -228,8 +228,9 @@ def init_process_group(
 ) -> None:
     """Join the job: every rank calls it once before any mesh or collective.
 
-    backend: "gloo" (CPU), "nccl" (GPU) or "fake" (a simulated world in this process);
-    default nccl when CUDA is usable, else gloo. init_method: "env://" (default; RANK,
+    backend: "gloo" (CPU), "nccl" (GPU), "mpi" (MPI through mpi4py; numpy, no torch) or
+    "fake" (a simulated world in this process); default "mpi" under mpiexec or mpirun without
+    MASTER_ADDR, else nccl when CUDA is usable, else gloo. init_method: "env://" (default; RANK,
     WORLD_SIZE, MASTER_ADDR, MASTER_PORT as tensorplay-run, torchrun, SLURM or mpirun set
     them), "tcp://host:port" or "file:///path". timeout bounds every wait (default 300 s or
     TENSORPLAY_TIMEOUT). strict=True (or TENSORPLAY_STRICT=1) checks, before each

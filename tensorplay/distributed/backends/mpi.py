@@ -61,7 +61,7 @@ from ..errors import (
     rank_words,
 )
 
-LOOK_S = 0.05  # how often a lasting wait reads control messages and checks its deadline
+LOOK_S = 0.05  # how often the watchdog reads control messages and looks at the call in progress
 EXIT_GRACE_S = 1.0  # at exit, how long a rank waits for the others before saying it left
 SETTLE_S = 1.0  # after a timeout, how long a rank collects the others' answers
 ABORT_PAUSE_S = 0.5  # between printing why this rank aborts the job and aborting it
@@ -75,18 +75,16 @@ _OWN_CODE = "its own code"  # a query's answer from a rank in no call of the pac
 
 
 class MpiWaitError(Exception):
-    """A wait of ours that failed: ``kind`` "timeout" or "peer_lost", ``ranks`` the ranks to
-    blame (None when unknown), ``words`` who they are and what they do."""
+    """A wait that timed out: ``words`` say who never came and what the others do, ``ranks``
+    are the ranks to blame (None when unknown)."""
 
-    def __init__(self, kind: FailureKind, words: str, ranks: list[int] | None):
+    def __init__(self, words: str, ranks: list[int] | None):
         super().__init__(words)
-        self.kind, self.words, self.ranks = kind, words, ranks
+        self.words, self.ranks = words, ranks
 
-    def ours(self, where: str, timeout_s: float) -> DistributedError:
-        """The error a user sees for this failure of ``where`` (a collective on a group)."""
-        if self.kind == "timeout":
-            return DistributedTimeoutError(where, timeout_s, self.ranks, who=self.words)
-        return RankFailedError(f"{where} failed: {self.words}. {FIX_FAILED}", ranks=self.ranks)
+    def ours(self, where: str, timeout_s: float) -> DistributedTimeoutError:
+        """The error a user sees for this wait of ``where``."""
+        return DistributedTimeoutError(where, timeout_s, self.ranks, who=self.words)
 
 
 def _tag(name: str) -> int:
@@ -298,7 +296,7 @@ class MpiEngine:
         me = MPI.COMM_WORLD.Get_rank()
         group: Sequence[int] = range(self._control.Get_size()) if members is None else members
         if len(group) > QUERY_LIMIT:
-            return MpiWaitError("timeout", f"the other members of a group of {len(group)} did "
+            return MpiWaitError(f"the other members of a group of {len(group)} did "
                                 "not answer (groups this large are not asked who is missing)",
                                 None)
         others = [r for r in group if r != me]
@@ -329,7 +327,7 @@ class MpiEngine:
                          "locked, or stopped)")
         parts += [f"{rank_words(rs)} {'wait' if len(rs) > 1 else 'waits'} in {doing}"
                   for doing, rs in by_call.items()]
-        return MpiWaitError("timeout", "; ".join(parts) or "every member answered",
+        return MpiWaitError("; ".join(parts) or "every member answered",
                             (away + silent) or None)
 
     # -- the watchdog: a thread that bounds the blocking collectives ----------------------
@@ -341,7 +339,7 @@ class MpiEngine:
         me = MPI.COMM_WORLD.Get_rank()
         control_works = True
         try:
-            while not self._stop.wait(LOOK_S):
+            while not self._stop.wait(LOOK_S) and not MPI.Is_finalized():  # by the user, say
                 try:
                     sends = self._service(sends) if control_works else []
                 except MPI.Exception:  # a failed process (ULFM): the main thread's call
@@ -358,7 +356,7 @@ class MpiEngine:
                         f"or it exited) while rank {me} waited for it. {FIX_FAILED}")
                 elif time.monotonic() - since > self.timeout_s:
                     err = (self._who_is_missing(members) if control_works else MpiWaitError(
-                        "timeout", "the control messages failed, so nobody was asked", None)
+                        "the control messages failed, so nobody was asked", None)
                            ).ours(where, self.timeout_s)
                 else:
                     continue
@@ -455,10 +453,10 @@ class MpiEngine:
                         for r in range(self._control.Get_size()) if r != me]
             if waited > self.timeout_s + (0 if arrivals is not None else 2 * SETTLE_S):
                 if arrivals is None:
-                    raise MpiWaitError("timeout", f"waited {waited:.0f} s for rank 0 to see "
+                    raise MpiWaitError(f"waited {waited:.0f} s for rank 0 to see "
                                        "every rank end", None)
                 missing = [r for r, q in zip(arrivals, requests, strict=True) if not q.Test()]
-                raise MpiWaitError("timeout", f"waited {waited:.0f} s for {rank_words(missing)}"
+                raise MpiWaitError(f"waited {waited:.0f} s for {rank_words(missing)}"
                                    ", which never ended (hung, or still busy)", missing)
         return told
 

@@ -35,7 +35,7 @@ if sys.argv[1] == "no_torch":
     block_torch()
 
 import tensorplay.distributed as dist  # noqa: E402
-from tensorplay.distributed.device_mesh import init_device_mesh  # noqa: E402
+from tensorplay.distributed.device_mesh import DeviceMesh, init_device_mesh  # noqa: E402
 
 
 def report(value: object, rank: int | None = None) -> None:
@@ -126,13 +126,18 @@ def main() -> None:
     if scenario == "adopt":
         from mpi4py import MPI  # the user's own MPI start, before ours
 
+        rank = MPI.COMM_WORLD.Get_rank()
+        mine = MPI.COMM_WORLD.Split(0, -rank)  # the user's own communicator, ranks reversed
         dist.init_process_group(timeout=timeout)  # adopts it
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
         x = np.ones(1)
         dist.all_reduce(x, group=mesh.get_group())
+        wrapped = DeviceMesh.from_group(mine, "cpu")  # a mesh over the user's communicator
+        y = np.full(1, float(rank))
+        dist.all_reduce(y, group=wrapped.get_group())
         dist.destroy_process_group()
         after = MPI.COMM_WORLD.allreduce(1)  # the user's MPI still works after our destroy
-        report([x.tolist(), after], MPI.COMM_WORLD.Get_rank())
+        report([x.tolist(), after, wrapped.mesh.tolist(), y.tolist()], rank)
         return
     dist.init_process_group(timeout=timeout)  # no backend: the MPI engine under mpiexec
     r, n = dist.get_rank(), dist.get_world_size()
@@ -169,6 +174,13 @@ def main() -> None:
         if scenario == "absent" and r in (0, 2):
             dist.new_group([0, 2, n - 1])  # rank 0 waits for ranks 2 and n - 1 to come
         dist.all_reduce(x)
+    elif scenario == "strict":  # TENSORPLAY_STRICT=1: rank 2 broadcasts, the others reduce
+        x = np.ones(2)
+        try:
+            dist.broadcast(x, src=0) if r == 2 else dist.all_reduce(x)
+            report("no error")
+        except dist.CallMismatchError as err:
+            report(str(err))
     elif scenario == "late" and r == 0:
         time.sleep(3)  # finishes its script 3 s after the others, with no collective
     dist.destroy_process_group()

@@ -165,10 +165,20 @@ def test_a_mismatch_is_named_the_same_on_every_rank_without_a_store():
     assert all(got[r][1] == [4.0] for r in range(4))  # the world still works
 
 
-def test_a_world_started_by_the_users_mpi4py_is_adopted():
+def test_strict_mode_names_a_differing_call_without_a_store():
+    code, out, _ = mpiexec(4, "strict", TENSORPLAY_STRICT="1")
+    assert code == 0, out[-4000:]
+    texts = set(results().values())
+    assert len(texts) == 1, texts  # the same words on every rank
+    text = texts.pop()
+    assert text.startswith("ranks made different calls on the world group [0-3] at its call #1:")
+    assert "rank 2: broadcast(" in text and "ranks 0-1, 3: all_reduce(" in text, text
+
+
+def test_a_world_started_by_the_users_mpi4py_is_adopted_and_its_communicators_wrapped():
     code, out, _ = mpiexec(2, "adopt")
     assert code == 0, out[-4000:]
-    assert results() == {0: [[2.0], 2], 1: [[2.0], 2]}
+    assert results() == {r: [[2.0], 2, [1, 0], [1.0]] for r in (0, 1)}
 
 
 @pytest.mark.slow  # waits 3 s on purpose
