@@ -224,6 +224,18 @@ class MpiEngine:
         lost = {getattr(MPI, n, None) for n in ("ERR_PROC_FAILED", "ERR_REVOKED")} - {None}
         return "peer_lost" if err.Get_error_class() in lost else "other"
 
+    def lost_ranks(self, comm: Any, err: BaseException) -> list[int] | None:
+        """The world ranks of ``comm`` that failed, when ``err`` is ULFM's "process failed"
+        (Open MPI's ``mpiexec --with-ft ulfm``); None otherwise."""
+        if self.classify(err) != "peer_lost":
+            return None
+        try:
+            failed = comm.Get_failed()
+            return sorted(MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())),
+                                                    MPI.COMM_WORLD.Get_group()))
+        except (MPI.Exception, NotImplementedError):  # an MPI without ULFM's calls
+            return None
+
     def backend_for_device(self, device_type: str, world_backend: str) -> str:
         return world_backend
 
