@@ -392,7 +392,8 @@ class MpiEngine:
 
         def abort_on_error(kind: type[BaseException], value: BaseException, tb: Any) -> None:
             previous(kind, value, tb)
-            if MPI.Is_finalized():
+            # nobody waits for a 1-rank world; an interactive session goes on after an error
+            if MPI.Is_finalized() or MPI.COMM_WORLD.Get_size() == 1 or hasattr(sys, "ps1"):
                 return
             rank = MPI.COMM_WORLD.Get_rank()
             _abort(f"rank {rank} ended with an uncaught {kind.__name__} (so that no rank "
