@@ -224,6 +224,18 @@ class MpiEngine:
         lost = {getattr(MPI, n, None) for n in ("ERR_PROC_FAILED", "ERR_REVOKED")} - {None}
         return "peer_lost" if err.Get_error_class() in lost else "other"
 
+    def lost_ranks(self, comm: Any, err: BaseException) -> list[int] | None:
+        """The world ranks of ``comm`` that failed, when ``err`` is ULFM's "process failed"
+        (Open MPI's ``mpiexec --with-ft ulfm``); None otherwise."""
+        if self.classify(err) != "peer_lost":
+            return None
+        try:
+            failed = comm.Get_failed()
+            return sorted(MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())),
+                                                    MPI.COMM_WORLD.Get_group()))
+        except (MPI.Exception, NotImplementedError):  # an MPI without ULFM's calls
+            return None
+
     def backend_for_device(self, device_type: str, world_backend: str) -> str:
         return world_backend
 
@@ -395,7 +407,8 @@ class MpiEngine:
 
         def abort_on_error(kind: type[BaseException], value: BaseException, tb: Any) -> None:
             previous(kind, value, tb)
-            if MPI.Is_finalized():
+            # nobody waits for a 1-rank world; an interactive session goes on after an error
+            if MPI.Is_finalized() or MPI.COMM_WORLD.Get_size() == 1 or hasattr(sys, "ps1"):
                 return
             rank = MPI.COMM_WORLD.Get_rank()
             _abort(f"rank {rank} ended with an uncaught {kind.__name__} (so that no rank "

@@ -25,7 +25,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _arrays
-from ..errors import bad_argument, bad_type
+from .._failures import FIX_FAILED
+from ..errors import RankFailedError, bad_argument, bad_type, rank_words
 from ..process_group import ReduceOp, Work
 
 if TYPE_CHECKING:
@@ -136,7 +137,17 @@ class MpiGroupOps:
             return self._engine.watched(what, self._group, self._members if members is None
                                         else members, call, *args)
         except MPI.Exception as err:
-            raise self._failed(err, what) from err
+            raise self._error(err, what) from err
+
+    def _error(self, err: BaseException, what: str) -> Exception:
+        """Our error for MPI's ``err``: under ULFM, the failed ranks named."""
+        lost = self._engine.lost_ranks(self._comm, err)
+        if lost:
+            return RankFailedError(
+                f"{what} on {self._group.label} failed: {rank_words(lost)} failed (MPI says "
+                f"so: the job runs under ULFM, so the other ranks go on). {FIX_FAILED}",
+                ranks=lost)
+        return self._failed(err, what)
 
     def _run(self, what: str, async_op: bool, name: str, args: tuple,
              finish: Callable[[], None] | None = None) -> Work | None:
@@ -146,7 +157,7 @@ class MpiGroupOps:
             try:
                 request = getattr(self._comm, "I" + name.lower())(*args)
             except MPI.Exception as err:
-                raise self._failed(err, what) from err
+                raise self._error(err, what) from err
             return Work(_Pending(self, request, what), finish)
         self._blocking(what, getattr(self._comm, name), args, None)
         if finish is not None:
@@ -180,7 +191,7 @@ class MpiGroupOps:
             try:
                 self._comm.Allreduce(MPI.IN_PLACE, tensor, mpi_op)
             except MPI.Exception as err:
-                raise self._failed(err, "all_reduce()") from err
+                raise self._error(err, "all_reduce()") from err
             finally:
                 engine.call = None
             return None
