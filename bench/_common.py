@@ -1,8 +1,10 @@
-"""Shared by the benchmark scripts: number formatting and the state of the tree measured."""
+"""Shared by the benchmark scripts: number formatting, the tree measured, paired ratios."""
 
 from __future__ import annotations
 
+import operator
 import os
+import statistics
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,3 +49,11 @@ def machine() -> str:
     """CPU count and 1-minute load average: the context every number here needs."""
     load = os.getloadavg()[0]
     return f"{os.cpu_count()} CPUs, load average {load:.1f} at start"
+
+
+def paired(xs: list[float], ys: list[float], op=operator.truediv) -> float:
+    """Median over samples of op(x, y) taken within each sample: drift between samples cancels.
+
+    paired([2, 4], [1, 5]) -> median(2.0, 0.8) = 1.4.
+    """
+    return statistics.median(op(x, y) for x, y in zip(xs, ys, strict=True))

@@ -40,7 +40,7 @@ for path in (ROOT, os.path.join(ROOT, "examples")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from _common import fmt_time, machine, tree_state  # noqa: E402
+from _common import fmt_time, machine, paired, tree_state  # noqa: E402
 
 from tests.spawn import run  # noqa: E402
 
@@ -131,11 +131,6 @@ def rank_main(rank: int, steps: int, warmup: int) -> dict:
             if i >= warmup:
                 times[kind].append(elapsed)
     return {"times": times, "created": created}
-
-
-def paired(xs: list[float], ys: list[float]) -> float:
-    """Median over samples of x_i / y_i."""
-    return statistics.median(x / y for x, y in zip(xs, ys, strict=True))
 
 
 def main() -> None:

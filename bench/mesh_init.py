@@ -68,7 +68,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from _common import fmt_time, machine, tree_state  # noqa: E402
+from _common import fmt_time, machine, paired, tree_state  # noqa: E402
 
 from tests.spawn import free_port, run  # noqa: E402
 
@@ -314,11 +314,6 @@ def pair_calls(rank: int, rounds: int) -> dict:
             calls[kind]()
             times[kind].append(time.perf_counter() - t0)
     return times
-
-
-def paired(xs: list[float], ys: list[float], op=operator.truediv) -> float:
-    """Median over samples of op(x, y) taken within each sample: drift between samples cancels."""
-    return statistics.median(op(x, y) for x, y in zip(xs, ys, strict=True))
 
 
 def fmt_size(nbytes: int) -> str:

@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import fmt_time, machine, tree_state  # noqa: E402
+from _common import fmt_time, machine, paired, tree_state  # noqa: E402
 
 SIZES = (4, 1 << 20, 16 << 20)
 N = 8
@@ -212,10 +212,6 @@ def worker(engine: str, rounds: int, out_path: str) -> None:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
-
-
-def paired(a: list[float], b: list[float]) -> float:
-    return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ Prints a markdown table.
 from __future__ import annotations
 
 import argparse
+import operator
 import os
 import statistics
 import sys
@@ -21,7 +22,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import fmt_time, machine, tree_state  # noqa: E402
+from _common import fmt_time, machine, paired, tree_state  # noqa: E402
 
 from tests.spawn import run  # noqa: E402
 
@@ -73,8 +74,8 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for size in SIZES:
         plain, strict, direct = (merged[f"{k} {size}"] for k in ("plain", "strict", "direct"))
-        ratio = statistics.median(s / p for s, p in zip(strict, plain, strict=True))
-        delta = statistics.median(s - p for s, p in zip(strict, plain, strict=True))
+        ratio = paired(strict, plain)
+        delta = paired(strict, plain, operator.sub)
         label = f"{size} B" if size < 1024 else f"{size >> 20} MiB"
         print(f"| {label} | {fmt_time(statistics.median(plain))} | "
               f"{fmt_time(statistics.median(strict))} | {ratio:.2f} | {fmt_time(delta)} | "
