@@ -107,10 +107,16 @@ def collective_error(world: World, err: BaseException, what: str,
 
 def store_call(world: World, step: str, call: Callable[[], Any]) -> Any:
     """Run one store operation; a failure means the store's server (rank 0 for env:// and
-    tcp://) is gone."""
+    tcp://, the launcher of node 0 under tensorplay-run and torchrun) is gone."""
     try:
         return call()
     except (RuntimeError, OSError) as err:
+        if _env.agent_store_attempt() is not None:  # a launcher serves it, not a rank
+            raise RankFailedError(
+                f"{step} failed: the job's store cannot be reached, so the launcher serving it "
+                f"(tensorplay-run or torchrun on node 0) has gone or its machine cannot be "
+                f"reached. Engine said: {engine_said(err)}. {FIX_FAILED}"
+            ) from err
         raise RankFailedError(
             f"{step} failed: the job's store cannot be reached, so the rank serving it "
             f"(rank 0 for env:// and tcp://) has probably exited or crashed. "

@@ -73,3 +73,21 @@ def is_local(host: str) -> bool:
     except OSError:
         return False
     return ipaddress.ip_address(address).is_loopback or address in interface_addresses().values()
+
+
+def listen(host: str, port: int, backlog: int = 128) -> socket.socket:
+    """A TCP socket bound to ``host:port`` alone and listening (OSError when it cannot).
+
+    ``TCPStore(is_master=True)`` alone would listen on every interface of the machine; a store
+    served on this socket is reachable from where the ranks are and from nowhere else.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+        listener.listen(max(128, backlog))
+    except OSError:
+        listener.close()
+        raise
+    return listener

@@ -35,6 +35,7 @@ import sys
 import time
 
 REPORT_FD = "TENSORPLAY_RUN_REPORT_FD"
+BEAT_S = "TENSORPLAY_RUN_BEAT_S"  # set: send a beat this often (--hang-timeout-s)
 PARENT_PID = "TENSORPLAY_RUN_PARENT_PID"
 WHAT_CHARS = 1000  # a report's one-line "Type: message" is cut here (one pipe write)
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -86,6 +87,37 @@ def one_line(exc: BaseException) -> str:
             joined += (" " if joined.endswith((":", ";")) else "; ") + line
         text += f": {joined}"
     return text if len(text) <= WHAT_CHARS else text[:WHAT_CHARS - 3] + "..."
+
+
+def _beat(report: Reporter, every_s: float, main_ident: int | None) -> None:
+    """Daemon thread: every ``every_s``, tell the launcher for how long the main thread has
+    been at the same place (same frame object, same bytecode offset) and where that is."""
+    here, since = None, time.monotonic()
+    while report.fd is not None:
+        time.sleep(every_s)
+        frame = sys._current_frames().get(main_ident) if main_ident is not None else None
+        now = time.monotonic()
+        place = None if frame is None else (id(frame), frame.f_code, frame.f_lasti)
+        if place != here:
+            here, since = place, now
+        where = "" if frame is None else _where(frame)
+        del frame
+        report.send("beat", still=round(now - since, 3), where=where)
+
+
+def _where(frame) -> str:
+    """'threading.py:327 in wait(), from /job/train.py:40 in step()': the innermost frame,
+    and the innermost one of the script's own file when that is another."""
+    def at(f) -> str:
+        return f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}()"
+
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    text, f = at(frame), frame
+    while f is not None and f.f_code.co_filename != script:
+        f = f.f_back
+    if f is not None and f is not frame:
+        text += f", from {at(f)}"
+    return text
 
 
 class Reporter:
@@ -184,6 +216,12 @@ def main() -> None:
     if fd is not None:
         os.set_inheritable(int(fd), False)  # the script's own subprocesses never hold it
     report = Reporter(None if fd is None else int(fd))
+    beat_s = os.environ.pop(BEAT_S, None)
+    if beat_s is not None and fd is not None:
+        import threading
+
+        threading.Thread(target=_beat, args=(report, float(beat_s), threading.get_ident()),
+                         daemon=True, name="tensorplay-run beat").start()
     kind, target, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     ours = {__file__, "<string>"}
     try:

@@ -1,9 +1,14 @@
 """tensorplay-run: start N ranks of one Python program on this node, label their output, fail fast.
 
-Standard library only, so the launcher starts quickly and never loads an engine. The children see
-the same environment variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT, GROUP_RANK, and OMP_NUM_THREADS=1 unless set), so a script runs
-unchanged under either launcher.
+The children see the same environment variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK, and OMP_NUM_THREADS=1 unless set), so a
+script runs unchanged under either launcher. As torchrun's agent does, the launcher of node 0
+serves the job's store (``TORCHELASTIC_USE_AGENT_STORE=True`` tells the ranks): rank 0 is an
+ordinary rank, and the store outlives any rank. It loads torch for that only when a rank first
+connects (on one node), so a script that never uses the store starts as fast as before. Across
+nodes, ``_nodes`` checks the launchers agree at start, and makes them watch each other (a node
+silent for --node-grace-s is lost: every launcher stops its ranks); ``_hangs`` finds a rank
+alive but stuck, which is killed and reported as hung.
 
 Each rank runs its script through ``_rank_main``, which makes it die with the launcher (a
 parent-death signal) and reports over a pipe how the script ended and when. From those reports
@@ -31,18 +36,46 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-from tensorplay.distributed import _rank_main
-from tensorplay.distributed._rank_ends import RankEnd, blank_varying, ranks_phrase, summarize
+from tensorplay.distributed import _hangs, _rank_main, backends
+from tensorplay.distributed._rank_ends import (
+    RankEnd,
+    blank_varying,
+    describe,
+    ranks_phrase,
+    shorten,
+    summarize,
+)
 from tensorplay.distributed.errors import ArgumentError, bad_argument
+
+if TYPE_CHECKING:
+    from tensorplay.distributed._nodes import Board, Verdict
 
 PROG = "tensorplay-run"
 TAIL_LINES = 50
 USAGE_ERROR = 2
 SETTLE_S = 1.0  # default --settle-s
+NODE_GRACE_S = 10.0  # default --node-grace-s
+JOIN_TIMEOUT_S = 300.0  # default --join-timeout-s
+NODE_GRACE_ENV = "TENSORPLAY_NODE_GRACE_S"
+HANG_ENV = "TENSORPLAY_HANG_TIMEOUT_S"
+JOIN_ENV = "TENSORPLAY_JOIN_TIMEOUT_S"
+STOP_FAST_S = 2.0  # a node lost or stopped elsewhere: SIGTERM, then SIGKILL after at most this
 OMP_NOTE = ("setting OMP_NUM_THREADS=1 for every rank, as torchrun does, so {n} ranks do not "
             "oversubscribe the cores (it was not set; set it to choose another value)")
+
+
+def _env_float(name: str, default: float | None) -> float | None:
+    """A flag's default from the environment (a bad value is a usage error, naming it)."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise bad_argument(name, raw, "is not a number of seconds", f"set e.g. {name}=10"
+                           ) from None
 
 
 def child_env(
@@ -55,8 +88,12 @@ def child_env(
     node_rank: int,
     master_addr: str,
     master_port: int,
+    agent_store: bool = False,
 ) -> dict[str, str]:
-    """Return base_env plus the variables one rank needs to join the job (torchrun's names)."""
+    """Return base_env plus the variables one rank needs to join the job (torchrun's names).
+
+    With ``agent_store`` the launcher of node 0 serves the job's store on MASTER_PORT, and
+    every rank, rank 0 too, is its client: torchrun's own two variables say so to torch."""
     env = dict(base_env)
     env.update(
         RANK=str(rank),
@@ -70,6 +107,8 @@ def child_env(
         PYTHONUNBUFFERED="1",
         TENSORPLAY_LAUNCHER=PROG,
     )
+    if agent_store:
+        env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0")
     if local_world_size > 1:  # torchrun's rule: one thread per rank unless the user chose
         env.setdefault("OMP_NUM_THREADS", "1")
     return env
@@ -104,6 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
     opt("log-ranks", default=None, help="show only these ranks' output, e.g. 0,3 or 0-3")
     opt("log-dir", default=None, help="also write DIR/rank_<r>.log for every rank")
     opt("stop-grace-s", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
+    opt("node-grace-s", type=float, default=_env_float(NODE_GRACE_ENV, NODE_GRACE_S),
+        help="a node whose launcher is silent this long is lost: every node stops "
+             f"(default {NODE_GRACE_S:g}; or ${NODE_GRACE_ENV}). A rank stopped (SIGSTOP) this "
+             "long is killed as hung")
+    opt("hang-timeout-s", type=float, default=_env_float(HANG_ENV, None),
+        help="kill a rank as hung when its main thread has not moved for this long (a "
+             f"deadlock, a stuck call); default off (or ${HANG_ENV})")
+    opt("join-timeout-s", type=float, default=_env_float(JOIN_ENV, JOIN_TIMEOUT_S),
+        help=f"how long the nodes wait for each other at start (default {JOIN_TIMEOUT_S:g}; or "
+             f"${JOIN_ENV})")
     opt("settle-s", type=float, default=SETTLE_S,
         help="after the first failure, seconds the other ranks get to end on their own before "
              "they are stopped, so that ranks failing alike are all seen (default 1)")
@@ -150,6 +199,11 @@ def check_args(a: argparse.Namespace) -> None:
                            "pick a free TCP port, or omit it on one node to get one")
     if a.stop_grace_s < 0:
         raise bad_argument("--stop-grace-s", a.stop_grace_s, "must be >= 0", "pass e.g. 5")
+    for flag, value in (("--node-grace-s", a.node_grace_s), ("--join-timeout-s",
+                                                             a.join_timeout_s),
+                        ("--hang-timeout-s", a.hang_timeout_s)):
+        if value is not None and not value > 0:
+            raise bad_argument(flag, value, "must be > 0", "pass a number of seconds, e.g. 10")
     if a.settle_s < 0:
         raise bad_argument("--settle-s", a.settle_s, "must be >= 0", "pass e.g. 1")
     if not a.module and not Path(a.script).is_file():
@@ -402,9 +456,12 @@ def _start(
     thread that supervises the job (it lives as long as the launcher).
     """
     rank = a.node_rank * a.nproc_per_node + local_rank
-    env = child_env(os.environ, rank=rank, local_rank=local_rank, world_size=a.world_size,
+    env = child_env(a.base_env, rank=rank, local_rank=local_rank, world_size=a.world_size,
                     local_world_size=a.nproc_per_node, node_rank=a.node_rank,
-                    master_addr=a.master_addr, master_port=a.master_port)
+                    master_addr=a.master_addr, master_port=a.master_port,
+                    agent_store=a.serve_store)
+    if a.hang_timeout_s is not None:
+        env[_rank_main.BEAT_S] = "1"
     report_r, report_w = os.pipe()
     env[_rank_main.REPORT_FD] = str(report_w)
     env[_rank_main.PARENT_PID] = str(os.getpid())
@@ -471,15 +528,22 @@ def _join(threads: Iterable[threading.Thread], timeout_s: float) -> None:
 
 
 class Job:
-    """This node's ranks as the launcher sees them: processes, and how each one ended."""
+    """This node's ranks as the launcher sees them: processes, and how each one ended.
 
-    def __init__(self, a: argparse.Namespace, out: Output):
+    ``board`` (several nodes) tells the other nodes when this node's ranks fail, and brings
+    their verdicts (a node lost, a failure elsewhere) as ("verdict", Verdict) events.
+    """
+
+    def __init__(self, a: argparse.Namespace, out: Output, board: Board | None = None):
         self.a = a
         self.out = out
+        self.board = board
         self.events: Events = queue.SimpleQueue()
         self.procs: dict[int, subprocess.Popen] = {}
         self.threads: Threads = {}
         self.ends: dict[int, RankEnd] = {}
+        self.hangs = _hangs.HangWatch(a.node_grace_s, a.hang_timeout_s)
+        self.verdict: Verdict | None = None  # why the job stopped, if another node said so
 
     def start(self) -> None:
         """Start every rank of this node."""
@@ -490,10 +554,12 @@ class Job:
                                                     self.threads)
 
     def record(self, event: tuple) -> None:
-        """Note an exit or a report (the first report of a rank counts)."""
+        """Note an exit or a report (the first report of a rank counts; beats are kept apart)."""
         end = self.ends[event[1]]
         if event[0] == "exit":
             end.code, end.exit_t = event[2], event[3]
+        elif event[0] == "report" and event[2].get("event") == "beat":
+            self.hangs.beat(event[1], event[2])
         elif event[0] == "report" and end.report is None:
             end.report = event[2]
 
@@ -504,36 +570,74 @@ class Job:
 
     def supervise(self) -> int | None:
         """Wait for the ranks. After the first failure let the others end on their own for
-        --settle-s (so ranks that fail alike are all seen), then stop the rest. Returns None,
-        or the signal number that stopped the job."""
+        --settle-s (so ranks that fail alike are all seen), then stop the rest; a verdict
+        from another node counts as a failure, and the stop is quicker (STOP_FAST_S).
+        Returns None, or the signal number that stopped the job."""
         running = set(self.procs)
-        failed_at = None
+        failed_at, fast = None, False
         while running:
             wait = 0.5 if failed_at is None else failed_at + self.a.settle_s - time.monotonic()
             if wait <= 0:
                 break
             try:
-                event = self.events.get(timeout=wait)
+                event = self.events.get(timeout=min(wait, 0.5))
             except queue.Empty:
-                continue
-            if event[0] == "signal":
+                event = None
+            if event is not None and event[0] == "signal":
                 self.stop(running)
                 return event[1]
-            self.record(event)
-            if event[0] == "exit":
-                running.discard(event[1])
-            if failed_at is None and self.failing(event[1]):
-                failed_at = time.monotonic()
-        self.stop(running)
+            if event is not None and event[0] == "verdict":
+                self.verdict = event[1]
+                if failed_at is None:  # as for a failure here: the ranks may say more first
+                    self.out.say(f"{event[1].text}; stopping "
+                                 f"{ranks_phrase(sorted(running))} on this node.")
+                    failed_at, fast = time.monotonic(), True
+                continue
+            if event is not None:
+                self.record(event)
+                if event[0] == "exit":
+                    running.discard(event[1])
+                if failed_at is None and self.failing(event[1]):
+                    failed_at = time.monotonic()
+                    self.tell_others()
+            if failed_at is None:
+                failed_at = self.kill_hung(running) or failed_at
+        self.stop(running, fast)
         return None
 
-    def stop(self, running: set[int]) -> None:
-        """Stop the ranks still running (marking them stopped) and wait for every process."""
+    def kill_hung(self, running: set[int]) -> float | None:
+        """Kill the ranks that are hung (``_hangs``), recording why; when one was, the time."""
+        hung = self.hangs.hung({r: self.procs[r].pid for r in running})
+        if not hung:
+            return None
+        now = time.monotonic()
+        for rank, why in sorted(hung.items()):
+            _signal_groups(self.procs, [rank], signal.SIGKILL)
+            text = f"hung on host {_env_hostname()}: {why}; {PROG} killed it"
+            self.out.say(f"rank {rank} {text}.")
+            self.ends[rank].report = {"event": "hung", "t": now, "code": 1, "what": text}
+        self.tell_others()
+        return now
+
+    def tell_others(self) -> None:
+        """This node's job failed: post it, so every other node stops its ranks too."""
+        if self.board is None or self.board.verdict is not None:
+            return
+        first = min((e for e in self.ends.values() if self.failing(e.rank)),
+                    key=lambda e: (e.when(), e.rank))
+        what = first.what() or describe(first.chosen() if first.report else first.code or 1)
+        self.board.post("failed", f"node {self.a.node_rank} ({_env_hostname()}) failed: rank "
+                                  f"{first.rank}: {shorten(what)}")
+
+    def stop(self, running: set[int], fast: bool = False) -> None:
+        """Stop the ranks still running (marking them stopped) and wait for every process.
+        ``fast``: the job is over elsewhere, so SIGKILL follows SIGTERM within STOP_FAST_S."""
         now = time.monotonic()
         for r in running:
             self.ends[r].stop_t = now
+        grace = min(self.a.stop_grace_s, STOP_FAST_S) if fast else self.a.stop_grace_s
         if running:
-            _stop(self.procs, running, self.a.stop_grace_s, self.events, self.record)
+            _stop(self.procs, running, grace, self.events, self.record)
 
     def drain(self) -> None:
         """After the processes ended: let the readers drain, then note what they reported."""
@@ -543,7 +647,9 @@ class Job:
                 event = self.events.get_nowait()
             except queue.Empty:
                 break
-            if event[0] != "signal":
+            if event[0] == "verdict":
+                self.verdict = self.verdict or event[1]
+            elif event[0] != "signal":
                 self.record(event)
         for r, proc in self.procs.items():
             if self.ends[r].code is None:
@@ -552,7 +658,9 @@ class Job:
     def conclude(self) -> int:
         """Print what went wrong (tail, tracebacks, summary) and return the exit status."""
         ends = list(self.ends.values())
-        if not any(self.failing(e.rank) for e in ends):
+        v = self.verdict
+        elsewhere = v is not None and (v.kind != "failed" or v.node != self.a.node_rank)
+        if not any(self.failing(e.rank) for e in ends) and not elsewhere:
             return 0
         several_nodes = self.a.nnodes > 1
         text, code = summarize(ends, node_ranks="ranks on this node" if several_nodes else "ranks")
@@ -562,7 +670,13 @@ class Job:
             self.out.show_tail(failed[0].rank)
         self.out.show_held(order, also=[failed[0].rank] if failed else [])
         self.out.say(text)
+        if elsewhere and v is not None:
+            self.out.say(f"the job stopped because {v.text}.")
         return code
+
+
+def _env_hostname() -> str:
+    return socket.gethostname()
 
 
 @contextmanager
@@ -580,15 +694,45 @@ def _signals_to(events: Events):
             signal.signal(s, handler)
 
 
+def _board(a: argparse.Namespace) -> Board:
+    from tensorplay.distributed._nodes import Board
+
+    return Board(nnodes=a.nnodes, node_rank=a.node_rank, nproc=a.nproc_per_node,
+                 host=_env_hostname(), addr=a.master_addr, port=a.master_port,
+                 grace_s=a.node_grace_s, join_timeout_s=a.join_timeout_s)
+
+
 def launch(a: argparse.Namespace) -> int:
-    """Start this node's ranks, supervise them, and leave no child behind on any path."""
+    """Join the other nodes, start this node's ranks, supervise them, and leave no child
+    behind on any path."""
     first = a.node_rank * a.nproc_per_node
     out = Output(a.shown, a.log_dir, range(first, first + a.nproc_per_node))
     if a.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
         out.say(OMP_NOTE.format(n=a.nproc_per_node))
-    job = Job(a, out)
+    a.base_env = dict(os.environ)  # what the ranks get, before the line below
+    a.serve_store = backends.launcher_can_serve_store()
+    if a.serve_store and "TORCH_CPP_LOG_LEVEL" not in os.environ:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"  # torch logs each failed connect with a
+        # C++ stack trace: noise in a launcher, which says itself what failed
+    board = _board(a) if a.serve_store else None
+    job = Job(a, out, board if a.nnodes > 1 else None)
+    serving: threading.Thread | None = None
+    no_store = threading.Event()  # set: a store nobody asked for need not be served
     with _signals_to(job.events):
         try:
+            if board is not None and a.nnodes > 1:
+                from tensorplay.distributed._nodes import JoinError
+
+                try:
+                    board.join()
+                except JoinError as err:
+                    out.say(f"error: {err}.")
+                    return 1
+                board.watch(lambda v: job.events.put(("verdict", v)))
+            elif board is not None:  # one node: serve once a rank asks
+                serving = threading.Thread(target=_serve, args=(board, job.events, no_store),
+                                           name="tensorplay-run store")
+                serving.start()
             job.start()
             signum = job.supervise()
             job.drain()
@@ -598,12 +742,47 @@ def launch(a: argparse.Namespace) -> int:
                 out.say(f"got {signal.Signals(signum).name}; stopped "
                         f"{ranks_phrase(stopped) if stopped else 'no rank (none was running)'}.")
                 return 128 + signum
-            return job.conclude()
+            code = job.conclude()
+            if job.board is not None:
+                code = _leave(job, code)
+            return code
         finally:
             alive = [r for r, p in job.procs.items() if p.returncode is None]
             if alive:  # only on an unexpected error: never leave a child behind
                 _stop(job.procs, alive, a.stop_grace_s, job.events, lambda _event: None)
+            if serving is not None:
+                no_store.set()
+                serving.join()
+            if board is not None:
+                board.close()
+            if "TORCH_CPP_LOG_LEVEL" not in a.base_env:
+                os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
             out.close()
+
+
+def _serve(board: Board, events: Events, stop: threading.Event) -> None:
+    """One node: serve the job's store when a rank asks; when it cannot, stop the job."""
+    from tensorplay.distributed._nodes import JoinError, Verdict
+
+    try:
+        board.serve_when_asked(stop)
+    except JoinError as err:
+        events.put(("verdict", Verdict("store", 0, str(err))))
+
+
+def _leave(job: Job, code: int) -> int:
+    """Several nodes, this node's ranks ended: tell node 0, or (node 0) serve the store until
+    every node is done. A node lost after our ranks succeeded fails the job."""
+    board = job.board
+    assert board is not None
+    if job.a.node_rank != 0:
+        board.beat_done()
+        return code
+    if board.await_others() or code:
+        return code
+    if board.verdict is not None:
+        job.out.say(f"the job stopped because {board.verdict.text}.")
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:

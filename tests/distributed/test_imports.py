@@ -36,7 +36,7 @@ def test_pure_modules_import_no_engine(module):
 # the torch engine: the only files that may import torch, anywhere in them (a torch tensor
 # handed to the MPI engine is seen through its own methods and sys.modules)
 TORCH_ENGINE = {"backends/torch_c10d.py", "backends/torch_collectives.py",
-                "backends/torch_mesh.py",
+                "backends/torch_mesh.py", "backends/torch_store.py",
                 # torch's DTensor and tensor parallelism on our mesh: adapters of torch's own
                 # functions by nature (they take and return torch tensors and modules); the
                 # package never imports them, so `import tensorplay.distributed` loads no torch

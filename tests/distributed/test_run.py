@@ -41,6 +41,12 @@ def run(*args: str | Path, timeout: float = 30, env: dict | None = None):
                           timeout=timeout, env=env, errors="replace")
 
 
+def socket_free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def alive(pid: int) -> bool:
     """True while pid is a live (not zombie) process."""
     try:
@@ -144,12 +150,19 @@ def test_second_node_gets_global_ranks(tmp_path):
         keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"]
         (HERE / f"env_{RANK}.json").write_text(json.dumps({k: os.environ[k] for k in keys}))
     """)
-    res = run("--nnodes", "2", "--node_rank", "1", "--master-addr", "10.1.2.3",
-              "--master_port", "29511", "--nproc-per-node", "2", job)
-    assert res.returncode == 0, res.stderr
+    port = str(socket_free_port())
+    nodes = [subprocess.Popen([*LAUNCHER, "--nnodes", "2", "--node_rank", str(i), "--master-addr",
+                               "127.0.0.1", "--master_port", port, "--nproc-per-node", "2",
+                               str(job)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for i in (0, 1)]
+    try:
+        outs = [n.communicate(timeout=60)[0] for n in nodes]
+    finally:
+        for n in nodes:
+            n.kill()
+    assert [n.returncode for n in nodes] == [0, 0], outs
     got = sorted(tuple(json.loads(p.read_text()).values()) for p in tmp_path.glob("env_*.json"))
-    assert got == [("2", "0", "4", "1", "10.1.2.3", "29511"),
-                   ("3", "1", "4", "1", "10.1.2.3", "29511")]
+    assert got == [(str(r), str(r % 2), "4", str(r // 2), "127.0.0.1", port) for r in range(4)]
 
 
 def test_module_form_passes_args_through_untouched(tmp_path):

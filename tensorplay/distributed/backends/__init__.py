@@ -77,6 +77,12 @@ def default_backend() -> str:
     )
 
 
+def launcher_can_serve_store() -> bool:
+    """Whether tensorplay-run can serve a job's store here: torch's TCPStore, the store the
+    torch engine's ranks (and torchrun's agent) use, is installed (imports nothing)."""
+    return _installed("torch_c10d")
+
+
 def running_world() -> tuple[Engine, Running] | None:
     """An engine whose world was started outside this package, and that world; None when
     there is none (imports no engine that is not loaded already)."""

@@ -45,6 +45,7 @@ from ..errors import (
     LaunchEnvError,
     bad_argument,
 )
+from . import torch_store
 
 log = logging.getLogger("tensorplay.distributed")
 
@@ -68,6 +69,7 @@ def make_tcp_store(
     prefix = _keys.world_prefix(_keys.next_world())
     attempt = _env.agent_store_attempt()
     if attempt is not None:
+        _await_listener(host, port, time.monotonic() + timeout.total_seconds())
         client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
         return dist.PrefixStore(f"tensorplay/attempt_{attempt}/{prefix}", client)
     if rank != 0:
@@ -79,27 +81,14 @@ def make_tcp_store(
 
 def _serve(host: str, port: int, world_size: int, timeout: timedelta) -> dist.Store:
     """Rank 0's TCPStore server, bound to ``host`` alone."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        listener.bind((host, port))
+        listener = _netif.listen(host, port, world_size)
     except OSError as err:
-        listener.close()
         raise BackendError(
             f"rank 0 cannot listen on {host}:{port} for the rendezvous store: {err}. Fix: set "
             f"MASTER_ADDR to an address of rank 0's machine and MASTER_PORT to a free port."
         ) from err
-    listener.listen(max(128, world_size))
-    return dist.TCPStore(
-        host,
-        port,
-        world_size,
-        True,
-        timeout=timeout,
-        wait_for_workers=False,
-        master_listen_fd=listener.detach(),
-    )
+    return torch_store.serve(listener, host, port, timeout)
 
 
 def _join_opened_world(

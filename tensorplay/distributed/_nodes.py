@@ -1,0 +1,355 @@
+"""tensorplay-run across nodes: node 0 serves the job's store; launchers check and watch each other.
+
+Node 0's launcher serves the job's store (torch's TCPStore, bound to --master-addr only), as
+torchrun's agent does, so rank 0's process is an ordinary rank and the store outlives any rank.
+Every rank connects to it as a client (``TORCHELASTIC_USE_AGENT_STORE=True``, torch's own
+switch, so plain torch.distributed scripts work too).
+
+Through that store the launchers
+
+1. **join**: each claims its --node-rank and posts its host name and --nproc-per-node; all wait
+   until every node has (``join_timeout_s``). Two launchers claiming one node index, nodes
+   disagreeing on --nproc-per-node or --nnodes, or a node that never arrives is a *verdict*:
+   one sentence every launcher prints, naming the node(s), before any rank starts;
+2. **beat**: nodes 1.. add 1 to their counter about once a second (``BEAT_S``); node 0 reads
+   every counter. A counter that has not moved for ``grace_s`` (default 10 s) means its node
+   is lost; node 0 posts that verdict. A node that cannot reach the store for ``grace_s`` (or
+   is refused by it: node 0's launcher is gone) declares node 0 lost by itself. Cost: per
+   second one store call per node, plus one per node on node 0 (a counter read);
+3. **stop together**: the first verdict posted wins (compare_set); every launcher reads it at
+   its next beat and stops its ranks. A node whose ranks all finished adds ``DONE`` to its
+   counter, so node 0 keeps the store up until every node is done or lost.
+
+Example verdicts (each launcher prints it after ``tensorplay-run: ``)::
+
+    node 1 (hostB, ranks 4-7) went silent: no heartbeat for 10.4 s (limit 10 s, --node-grace-s)
+    nodes disagree on --nproc-per-node: node 0 (hostA) 4, node 1 (hostB) 2
+    node 1 was claimed twice (--node-rank 1 on hostB and on hostC)
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from . import _netif
+from .errors import format_ranks
+
+PREFIX = "tensorplay-run/"
+BEAT_S = 1.0  # how often a launcher beats and looks at the others
+CALL_S = 2.0  # a heartbeat's store call gives up after this long
+DONE = 1 << 40  # added to a node's counter when its ranks have all finished
+POLL_S = 0.05  # how often a joining launcher looks for the others
+ACK_S = BEAT_S + CALL_S + 1.0  # node 0 keeps the store up so long for a verdict to be read
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why the job stops: posted once by one launcher, printed by every one."""
+
+    kind: str  # 'join', 'lost', 'failed', 'store'
+    node: int  # the node that posted it
+    text: str
+    lost: int | None = None  # the node declared lost, which will not read this
+
+    def dumps(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @staticmethod
+    def loads(raw: bytes | str) -> Verdict:
+        return Verdict(**json.loads(raw))
+
+
+class JoinError(Exception):
+    """The launchers could not start the job together; the message says why, naming nodes."""
+
+
+@dataclass
+class Node:
+    """What a launcher posted about itself at join."""
+
+    index: int
+    host: str
+    nproc: int
+    nnodes: int
+
+    def ranks(self) -> str:
+        return f"rank{'s' if self.nproc > 1 else ''} " + format_ranks(
+            list(range(self.index * self.nproc, (self.index + 1) * self.nproc)))
+
+    def name(self) -> str:
+        """'node 1 (hostB, ranks 4-7)'."""
+        return f"node {self.index} ({self.host}, {self.ranks()})"
+
+
+class Board:
+    """This launcher's view of the other nodes, through the job's store."""
+
+    def __init__(self, *, nnodes: int, node_rank: int, nproc: int, host: str, addr: str,
+                 port: int, grace_s: float, join_timeout_s: float):
+        self.nnodes, self.index, self.nproc = nnodes, node_rank, nproc
+        self.host, self.addr, self.port = host, addr, port
+        self.grace_s, self.join_timeout_s = grace_s, join_timeout_s
+        self.server: Any = None  # node 0: the store's server (lives as long as the launcher)
+        self.client: Any = None  # the main thread's client
+        self.nodes: dict[int, Node] = {}
+        self.verdict: Verdict | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._on_verdict: Callable[[Verdict], None] = lambda v: None
+
+    # ---------------------------------------------------------------- store
+
+    def _connect(self, timeout_s: float) -> Any:
+        from .backends import torch_store
+
+        return torch_store.connect(self.addr, self.port, timedelta(seconds=timeout_s))
+
+    def bind(self) -> socket.socket:
+        """Node 0: the socket the job's store will be served on (JoinError when it cannot)."""
+        try:
+            return _netif.listen(self.addr, self.port)
+        except OSError as err:
+            raise JoinError(
+                f"cannot serve the job's store on {self.addr}:{self.port}: {err.strerror}. "
+                f"Fix: pass --master-addr an address of this machine and a free --master-port"
+            ) from None
+
+    def serve(self, listener: socket.socket | None = None) -> None:
+        """Node 0: serve the job's store on ``listener`` (default: bind one now)."""
+        from .backends import torch_store
+
+        listener = listener or self.bind()
+        self.server = torch_store.serve(listener, self.addr, self.port,
+                                        timedelta(seconds=max(self.join_timeout_s, 60.0)))
+
+    def serve_when_asked(self, stop: threading.Event) -> None:
+        """One node: bind now, but load torch and serve only once a rank connects (a script
+        that never uses the store never pays for torch in the launcher). The first
+        connection waits in the socket's backlog meanwhile."""
+        listener = self.bind()
+        with suppress(OSError):
+            while not stop.is_set():
+                if select.select([listener], [], [], 0.2)[0]:
+                    self.serve(listener)
+                    return
+        listener.close()
+
+    def _key(self, name: str) -> str:
+        return PREFIX + name
+
+    # ---------------------------------------------------------------- join
+
+    def join(self) -> None:
+        """Claim this node, wait for all of them and check they agree; JoinError if not."""
+        deadline = time.monotonic() + self.join_timeout_s
+        if self.index == 0 and self.server is None:
+            self.serve()
+        problem = _await_listener(self.addr, self.port, deadline)
+        try:
+            if problem is not None:
+                raise OSError(problem)
+            self.client = self._connect(max(deadline - time.monotonic(), CALL_S))
+        except Exception as err:  # noqa: BLE001 - torch's DistError family
+            raise JoinError(
+                f"node 0 (the job's store at {self.addr}:{self.port}) never answered within "
+                f"{self.join_timeout_s:g} s ({_said(err)}). Fix: start tensorplay-run with "
+                f"--node-rank 0 on the machine that has address {self.addr}, and check that "
+                f"this machine reaches it (firewall, --master-addr, --master-port)"
+            ) from None
+        me = Node(self.index, self.host, self.nproc, self.nnodes)
+        claim = int(self.client.add(self._key(f"claim/{self.index}"), 1))
+        self.client.set(self._key(f"node/{self.index}/{claim}"), json.dumps(me.__dict__))
+        if claim > 1:
+            first = Node(**json.loads(self.client.get(self._key(f"node/{self.index}/1"))))
+            text = (f"node {self.index} was claimed twice (--node-rank {self.index} on "
+                    f"{first.host} and on {self.host}). Fix: give each machine its own "
+                    f"--node-rank in 0..{self.nnodes - 1}")
+            if self.client.check([self._key("started")]):  # too late to stop the others
+                raise JoinError(text + "; the job already runs without this launcher")
+            raise JoinError(self.post("join", text).text)
+        self._await_all(deadline)
+        self._check_agree()
+        self.client.set(self._key("started"), "1")
+
+    def _await_all(self, deadline: float) -> None:
+        keys = [self._key(f"node/{i}/1") for i in range(self.nnodes)]
+        while True:
+            self._raise_on_verdict()
+            here = [i for i, key in enumerate(keys) if self.client.check([key])]
+            if len(here) == self.nnodes:
+                break
+            if time.monotonic() >= deadline:
+                came = [self._read_node(i) for i in here]
+                never = sorted(set(range(self.nnodes)) - set(here))
+                self.post("join", f"node{'s' if len(never) > 1 else ''} "
+                                  f"{format_ranks(never)} never arrived within "
+                                  f"{self.join_timeout_s:g} s (arrived: "
+                                  f"{', '.join(f'{n.index} ({n.host})' for n in came)}). Fix: "
+                                  f"start tensorplay-run with --node-rank {never[0]} on its "
+                                  f"machine, or pass --nnodes {len(here)}")
+                self._raise_on_verdict()
+            time.sleep(POLL_S)
+        self.nodes = {i: self._read_node(i) for i in range(self.nnodes)}
+
+    def _read_node(self, i: int) -> Node:
+        return Node(**json.loads(self.client.get(self._key(f"node/{i}/1"))))
+
+    def _check_agree(self) -> None:
+        for field, flag in (("nproc", "--nproc-per-node"), ("nnodes", "--nnodes")):
+            values = {getattr(n, field) for n in self.nodes.values()}
+            if len(values) > 1:
+                each = ", ".join(f"node {n.index} ({n.host}) {getattr(n, field)}"
+                                 for n in self.nodes.values())
+                self.post("join", f"nodes disagree on {flag}: {each}. Fix: pass the same "
+                                  f"{flag} on every node")
+        self._raise_on_verdict()
+
+    def _raise_on_verdict(self) -> None:
+        if self.verdict is None and self.client.check([self._key("verdict")]):
+            self.verdict = Verdict.loads(self.client.get(self._key("verdict")))
+        if self.verdict is not None:
+            raise JoinError(self.verdict.text)
+
+    # ---------------------------------------------------------------- verdicts
+
+    def post(self, kind: str, text: str, client: Any = None, lost: int | None = None
+             ) -> Verdict:
+        """Post a verdict unless one was posted before; return the one that stands (ours when
+        the store cannot be reached)."""
+        mine = Verdict(kind, self.index, text, lost)
+        try:
+            won = (client or self.client).compare_set(self._key("verdict"), "", mine.dumps())
+            self.verdict = Verdict.loads(won)
+        except Exception:  # noqa: BLE001 - the store is gone; this launcher's word stands
+            self.verdict = self.verdict or mine
+        return self.verdict
+
+    def node(self, i: int) -> Node:
+        return self.nodes.get(i) or Node(i, "?", self.nproc, self.nnodes)
+
+    # ---------------------------------------------------------------- beats
+
+    def watch(self, on_verdict: Callable[[Verdict], None]) -> None:
+        """Start beating and watching; ``on_verdict`` is called once, from the watch thread."""
+        self._on_verdict = on_verdict
+        self._thread = threading.Thread(target=self._beat_loop, daemon=True,
+                                        name="tensorplay-run heartbeat")
+        self._thread.start()
+
+    def _beat_loop(self) -> None:
+        client: Any = None
+        last_ok = time.monotonic()
+        seen = {i: (-1, last_ok) for i in range(1, self.nnodes)}  # node -> (count, since)
+        while not self._stop.wait(BEAT_S):
+            now = time.monotonic()
+            try:
+                if client is None:
+                    problem = _await_listener(self.addr, self.port, now + CALL_S)
+                    if problem is not None:
+                        raise OSError(problem)
+                client = client or self._connect(CALL_S)
+                if self.index == 0:
+                    counts = {i: int(client.add(self._key(f"beat/{i}"), 0)) for i in seen}
+                else:
+                    client.add(self._key(f"beat/{self.index}"), 1)
+                if client.check([self._key("verdict")]):
+                    verdict = Verdict.loads(client.get(self._key("verdict")))
+                    if self.index != 0:  # read: node 0 need not serve the store for us
+                        client.add(self._key(f"beat/{self.index}"), DONE)
+                    self._decide(verdict)
+                    return
+                last_ok = now
+            except Exception as err:  # noqa: BLE001 - torch's DistError family
+                client = None
+                refused = "refused" in str(err).lower()
+                if now - last_ok > self.grace_s or refused:
+                    self._decide(self._store_lost(now - last_ok, err, refused))
+                    return
+                continue
+            if self.index != 0:
+                continue
+            for i, count in counts.items():
+                if count >= DONE or count != seen[i][0]:
+                    seen[i] = (count, now)
+                elif now - seen[i][1] > self.grace_s:
+                    self._decide(self.post("lost", f"{self.node(i).name()} went silent: no "
+                                                   f"heartbeat for {now - seen[i][1]:.1f} s "
+                                                   f"(limit {self.grace_s:g} s, "
+                                                   f"--node-grace-s)", client, lost=i))
+                    return
+
+    def _store_lost(self, silent_s: float, err: BaseException, refused: bool) -> Verdict:
+        why = ("refused the connection: its launcher is gone" if refused else
+               f"has not answered for {silent_s:.1f} s (limit {self.grace_s:g} s, "
+               f"--node-grace-s): {_said(err)}")
+        self.verdict = self.verdict or Verdict(
+            "lost", self.index, f"{self.node(0).name()}, which serves the job's store at "
+                                f"{self.addr}:{self.port}, is lost: the store {why}", 0)
+        return self.verdict
+
+    def _decide(self, verdict: Verdict) -> None:
+        self.verdict = verdict
+        self._on_verdict(verdict)
+
+    def beat_done(self) -> None:
+        """This launcher is ending: say so (node 0 then stops watching it and may close)."""
+        if self.index == 0 or self.client is None:
+            return
+        with suppress(Exception):  # the store is gone: node 0 is lost, there is nobody to tell
+            self.client.add(self._key(f"beat/{self.index}"), DONE)
+
+    def await_others(self) -> bool:
+        """Node 0, its ranks ended: keep serving the store until every other node is done
+        (True). Once a verdict stands, wait only ACK_S more for the others to read it (False).
+        """
+        until = None
+        while True:
+            lost = self.verdict.lost if self.verdict is not None else None
+            keys = [self._key(f"beat/{i}") for i in range(1, self.nnodes) if i != lost]
+            try:
+                if all(int(self.client.add(k, 0)) >= DONE for k in keys):
+                    return self.verdict is None
+            except Exception:  # noqa: BLE001 - our own store: only a bug gets here
+                return False
+            if self.verdict is not None:
+                until = until or time.monotonic() + ACK_S
+                if time.monotonic() >= until:
+                    return False
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        """Stop beating; drop the clients and the server (node 0 stops serving)."""
+        self._stop.set()
+        self.client = self.server = None
+
+
+def _await_listener(host: str, port: int, deadline: float) -> str | None:
+    """Probe ``host:port`` with plain connects until one succeeds (None) or ``deadline``
+    passes (the last error, e.g. 'Connection refused'), so torch's client, which logs each
+    failed try with a C++ trace, only ever meets a listening store."""
+    problem = "not tried"
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=min(max(left, 0.05), 1.0)):
+                return None
+        except OSError as err:
+            problem = err.strerror or str(err)
+        if left <= 0:
+            return problem
+        time.sleep(min(0.1, max(left, 0.0)))
+
+
+def _said(err: BaseException) -> str:
+    """The first line of a store error, without torch's source location."""
+    lines = str(err).strip().splitlines()
+    return (lines[0] if lines else type(err).__name__)[:200]

@@ -1,0 +1,201 @@
+"""Launchers of one job on several nodes (here all on 127.0.0.1): checks at join, heartbeats,
+a failure on one node stopping the others, and the store served by node 0's launcher."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tensorplay.distributed import _nodes
+from tests.spawn import free_port
+
+pytestmark = pytest.mark.slow  # each test starts two or three launchers that load torch
+LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Nodes:
+    """Launchers started by a test, each writing to its own log; all killed (by pid) at exit."""
+
+    def __init__(self, tmp: Path, nnodes: int, *flags: str):
+        self.tmp, self.nnodes, self.flags = tmp, nnodes, flags
+        self.port = str(free_port())
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+
+    def start(self, node_rank: int, script: Path, *extra: str,
+              env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = self.tmp / f"node{len(self.procs)}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [*LAUNCHER, "--nnodes", str(self.nnodes), "--node-rank", str(node_rank),
+                 "--master-addr", "127.0.0.1", "--master-port", self.port, *self.flags, *extra,
+                 str(script)],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+                     **(env or {})})
+        self.procs.append(proc)
+        self.logs.append(log)
+        return proc
+
+    def wait(self, proc: subprocess.Popen, timeout: float) -> int | None:
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def text(self, i: int) -> str:
+        return self.logs[i].read_text(errors="replace")
+
+    def __enter__(self) -> Nodes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:  # the launcher's group: itself and its ranks
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+            proc.wait(timeout=30)
+
+
+def job(tmp: Path, body: str) -> Path:
+    path = tmp / "job.py"
+    path.write_text("import os, signal, sys, time\nRANK = int(os.environ['RANK'])\n"
+                    + textwrap.dedent(body))
+    return path
+
+
+def test_nodes_that_disagree_on_nproc_per_node_all_fail_naming_each_node(tmp_path):
+    script = job(tmp_path, "print('ran')\n")
+    with Nodes(tmp_path, 2) as nodes:
+        a = nodes.start(0, script, "--nproc-per-node", "2")
+        b = nodes.start(1, script, "--nproc-per-node", "1")
+        codes = [nodes.wait(a, 60), nodes.wait(b, 60)]
+        texts = [nodes.text(0), nodes.text(1)]
+    assert codes == [1, 1], texts
+    for text in texts:
+        assert ("tensorplay-run: error: nodes disagree on --nproc-per-node: node 0 (") in text
+        assert ") 2, node 1 (" in text and ") 1. Fix: pass the same --nproc-per-node on every " \
+                                           "node." in text
+        assert "ran" not in text  # no rank started
+
+
+def test_a_node_index_claimed_twice_fails_every_launcher_naming_it(tmp_path):
+    script = job(tmp_path, "print('ran')\n")
+    with Nodes(tmp_path, 3, "--nproc-per-node", "1", "--join-timeout-s", "60") as nodes:
+        first = [nodes.start(0, script), nodes.start(1, script)]
+        time.sleep(3)  # both have claimed; node 2 never comes, so the job cannot start
+        dup = nodes.start(1, script)
+        codes = [nodes.wait(p, 60) for p in [*first, dup]]
+        texts = [nodes.text(i) for i in range(3)]
+    assert codes == [1, 1, 1], texts
+    for text in texts:
+        assert "tensorplay-run: error: node 1 was claimed twice (--node-rank 1 on " in text, text
+        assert "Fix: give each machine its own --node-rank in 0..2." in text
+
+
+def test_a_node_that_never_arrives_is_named_within_the_join_timeout(tmp_path):
+    script = job(tmp_path, "print('ran')\n")
+    with Nodes(tmp_path, 2, "--nproc-per-node", "1", "--join-timeout-s", "3") as nodes:
+        start = time.monotonic()
+        code = nodes.wait(nodes.start(0, script), 60)
+        took = time.monotonic() - start
+        text = nodes.text(0)
+    assert code == 1, text
+    assert "tensorplay-run: error: node 1 never arrived within 3 s (arrived: 0 (" in text, text
+    assert ("Fix: start tensorplay-run with --node-rank 1 on its machine, or pass --nnodes 1."
+            in text)
+    assert took < 20, took
+
+
+def test_without_node_0_the_others_say_so_without_a_cpp_trace(tmp_path):
+    script = job(tmp_path, "print('ran')\n")
+    with Nodes(tmp_path, 2, "--nproc-per-node", "1", "--join-timeout-s", "2") as nodes:
+        code = nodes.wait(nodes.start(1, script), 60)
+        text = nodes.text(0)
+    assert code == 1, text
+    assert (f"tensorplay-run: error: node 0 (the job's store at 127.0.0.1:{nodes.port}) never "
+            f"answered within 2 s (Connection refused).") in text, text
+    assert "Exception raised from" not in text and "frame #" not in text
+
+
+def test_a_frozen_node_is_declared_lost_and_the_other_node_stops_in_grace_plus_5_s(tmp_path):
+    script = job(tmp_path, "print('up', flush=True)\ntime.sleep(120)\n")
+    with Nodes(tmp_path, 2, "--nproc-per-node", "2", "--node-grace-s", "3") as nodes:
+        a, b = nodes.start(0, script), nodes.start(1, script)
+        deadline = time.monotonic() + 60
+        while nodes.text(0).count("up") + nodes.text(1).count("up") < 4:
+            assert time.monotonic() < deadline, (nodes.text(0), nodes.text(1))
+            time.sleep(0.1)
+        os.killpg(b.pid, signal.SIGSTOP)  # node 1: its launcher and its ranks
+        frozen = time.monotonic()
+        code = nodes.wait(a, 30)
+        took = time.monotonic() - frozen
+        os.killpg(b.pid, signal.SIGCONT)  # node 1 wakes, reads the verdict, stops its ranks
+        code_b = nodes.wait(b, 30)
+        texts = [nodes.text(0), nodes.text(1)]
+    assert code == 1 and code_b == 1, texts
+    lost = "node 1 (" in texts[0] and ", ranks 2-3) went silent: no heartbeat for "
+    assert lost, texts[0]
+    assert "s (limit 3 s, --node-grace-s); stopping ranks 0-1 on this node." in texts[0]
+    assert "tensorplay-run: the job stopped because node 1 (" in texts[0]
+    assert took < 3 + 5, took
+    # node 1, woken, finds node 0 gone (it was not waited for: it had been declared lost)
+    assert ("the job stopped because node 0 (" in texts[1] and "which serves the job's store at "
+            f"127.0.0.1:{nodes.port}, is lost: the store refused the connection: its launcher "
+            "is gone." in texts[1]), texts[1]
+
+
+def test_a_failure_on_one_node_stops_the_other_nodes_ranks(tmp_path):
+    script = job(tmp_path, """
+        if RANK == 3:
+            sys.exit(3)
+        print('up', flush=True)
+        time.sleep(120)
+    """)
+    with Nodes(tmp_path, 2, "--nproc-per-node", "2") as nodes:
+        a, b = nodes.start(0, script), nodes.start(1, script)
+        codes = [nodes.wait(a, 60), nodes.wait(b, 60)]
+        texts = [nodes.text(0), nodes.text(1)]
+    assert codes == [1, 3], texts
+    assert "rank 3 failed first (exit code 3); stopped rank 2." in texts[1]
+    assert "ranks 0-1 had not finished their script (stopped)." in texts[0], texts[0]
+    assert "tensorplay-run: the job stopped because node 1 (" in texts[0]
+    assert ") failed: rank 3: exit code 3." in texts[0]
+
+
+PLAIN_TORCH = '''
+import os, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+store = dist.distributed_c10d._get_default_store()
+if dist.get_rank() == 0:
+    os._exit(0)  # rank 0 leaves at once; under tensorplay-run it does not serve the store
+time.sleep(1.0)
+store.set("after", "rank 0 left")
+print("store still served:", store.get("after").decode(), flush=True)
+'''
+
+
+def test_the_launcher_serves_the_store_so_it_outlives_rank_0(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN_TORCH)
+    res = subprocess.run([*LAUNCHER, "--nproc-per-node", "2", str(script)], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr
+    assert "[rank 1] store still served: rank 0 left" in res.stdout
+
+
+def test_verdicts_travel_as_json():
+    verdict = _nodes.Verdict("lost", 0, "node 1 (hostB, ranks 4-7) went silent")
+    assert _nodes.Verdict.loads(verdict.dumps()) == verdict
+    assert _nodes.Node(1, "hostB", 4, 2).name() == "node 1 (hostB, ranks 4-7)"
+    assert _nodes.Node(2, "hostC", 1, 3).name() == "node 2 (hostC, rank 2)"
