@@ -30,7 +30,7 @@ import time
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
-from . import _arrivals, _keys
+from . import _arrivals, _env, _keys, _netif
 from .errors import CallMismatchError, rank_words
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def _leave(world: World, grace: float) -> None:
 def check_after_failure(world: World, group: ProcessGroup) -> CallMismatchError | None:
     """After a collective on ``group`` failed: post this rank's count and compare with those
     posted; the error naming who made more or fewer calls, or None."""
-    if world.store is None or group.size() > _LARGEST:
+    if world.store is None or group.size() > _LARGEST or _store_gone():
         return None
     post(world, [group])
     return mismatch(world, group, wait_s=0.0)
@@ -137,6 +137,16 @@ def mismatch(world: World, group: ProcessGroup, wait_s: float) -> CallMismatchEr
     if len(by_count) < 2:
         return None
     return CallMismatchError(group.label, by_count)
+
+
+def _store_gone() -> bool:
+    """Whether the job's store (at the launcher's MASTER_ADDR:MASTER_PORT) refuses
+    connections: then posting to it would only make torch's client log a failed send with a
+    C++ stack trace, which an expected failure must not show."""
+    launch = _env.detect()
+    if launch is None or not launch.master_addr or not launch.master_port:
+        return False
+    return _netif.refuses(launch.master_addr, launch.master_port)
 
 
 def _key(world: World, group: ProcessGroup, rank: int) -> str:

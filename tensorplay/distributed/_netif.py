@@ -91,3 +91,15 @@ def listen(host: str, port: int, backlog: int = 128) -> socket.socket:
         listener.close()
         raise
     return listener
+
+
+def refuses(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """Whether ``host:port`` refuses a TCP connection: its server is gone, the host is up.
+    False when it accepts, or cannot be reached in ``timeout_s`` (not known to be gone)."""
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False

@@ -226,8 +226,10 @@ class Board:
         """Post a verdict unless one was posted before; return the one that stands (ours when
         the store cannot be reached)."""
         mine = Verdict(kind, self.index, text, lost)
+        store = client or self.client
         try:
-            won = (client or self.client).compare_set(self._key("verdict"), "", mine.dumps())
+            won = _bounded(lambda: store.compare_set(self._key("verdict"), "", mine.dumps()),
+                           CALL_S)
             self.verdict = Verdict.loads(won)
         except Exception:  # noqa: BLE001 - the store is gone; this launcher's word stands
             self.verdict = self.verdict or mine
@@ -249,34 +251,43 @@ class Board:
         client: Any = None
         last_ok = time.monotonic()
         seen = {i: (-1, last_ok) for i in range(1, self.nnodes)}  # node -> (count, since)
+
+        def beat() -> tuple[dict[int, int], Verdict | None]:
+            nonlocal client
+            if client is None:
+                problem = _await_listener(self.addr, self.port, time.monotonic() + CALL_S)
+                if problem is not None:
+                    raise OSError(problem)
+                client = self._connect(CALL_S)
+            counts = {}
+            if self.index == 0:
+                counts = {i: int(client.add(self._key(f"beat/{i}"), 0)) for i in seen}
+            else:
+                client.add(self._key(f"beat/{self.index}"), 1)
+            if not client.check([self._key("verdict")]):
+                return counts, None
+            verdict = Verdict.loads(client.get(self._key("verdict")))
+            if self.index != 0:  # read: node 0 need not serve the store for us
+                client.add(self._key(f"beat/{self.index}"), DONE)
+            return counts, verdict
+
         while not self._stop.wait(BEAT_S):
             now = time.monotonic()
-            try:
-                if client is None:
-                    problem = _await_listener(self.addr, self.port, now + CALL_S)
-                    if problem is not None:
-                        raise OSError(problem)
-                client = client or self._connect(CALL_S)
-                if self.index == 0:
-                    counts = {i: int(client.add(self._key(f"beat/{i}"), 0)) for i in seen}
-                else:
-                    client.add(self._key(f"beat/{self.index}"), 1)
-                if client.check([self._key("verdict")]):
-                    verdict = Verdict.loads(client.get(self._key("verdict")))
-                    if self.index != 0:  # read: node 0 need not serve the store for us
-                        client.add(self._key(f"beat/{self.index}"), DONE)
-                    self._decide(verdict)
-                    return
-                last_ok = now
-            except Exception as err:  # noqa: BLE001 - torch's DistError family
-                client = None
+            try:  # a silent store is judged at the grace, not a whole call later
+                left = self.grace_s - (now - last_ok)
+                counts, verdict = _bounded(beat, min(2 * CALL_S, max(left, 0.5)))
+            except Exception as err:  # noqa: BLE001 - torch's DistError family, TimeoutError
+                client = None  # a call that timed out may still be stuck in it: never reuse
                 refused = "refused" in str(err).lower()
-                if now - last_ok > self.grace_s or refused:
-                    self._decide(self._store_lost(now - last_ok, err, refused))
+                silent = time.monotonic() - last_ok
+                if silent >= self.grace_s or refused:
+                    self._decide(self._store_lost(silent, err, refused))
                     return
                 continue
-            if self.index != 0:
-                continue
+            last_ok = now
+            if verdict is not None:
+                self._decide(verdict)
+                return
             for i, count in counts.items():
                 if count >= DONE or count != seen[i][0]:
                     seen[i] = (count, now)
@@ -304,8 +315,10 @@ class Board:
         """This launcher is ending: say so (node 0 then stops watching it and may close)."""
         if self.index == 0 or self.client is None:
             return
-        with suppress(Exception):  # the store is gone: node 0 is lost, there is nobody to tell
-            self.client.add(self._key(f"beat/{self.index}"), DONE)
+        if self.verdict is not None and self.verdict.lost == 0:
+            return  # node 0 is lost: there is nobody to tell
+        with suppress(Exception):  # the store is gone: there is nobody to tell
+            _bounded(lambda: self.client.add(self._key(f"beat/{self.index}"), DONE), CALL_S)
 
     def await_others(self) -> bool:
         """Node 0, its ranks ended: keep serving the store until every other node is done
@@ -330,6 +343,28 @@ class Board:
         """Stop beating; drop the clients and the server (node 0 stops serving)."""
         self._stop.set()
         self.client = self.server = None
+
+
+def _bounded(call: Callable[[], Any], timeout_s: float) -> Any:
+    """``call()``, run on a daemon thread so that this thread waits at most ``timeout_s``
+    (TimeoutError): torch's store client can block for ever on a link that went silent.
+    A call that timed out is abandoned, still blocked, with its client (never reused)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as err:  # noqa: BLE001 - handed to the caller
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True, name="tensorplay-run store call")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"the store did not answer within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
 
 
 def _await_listener(host: str, port: int, deadline: float) -> str | None:

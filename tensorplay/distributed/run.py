@@ -109,6 +109,9 @@ def child_env(
     )
     if agent_store:
         env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0")
+    # c10d's C++ warnings carry C++ stack traces (a store send that fails as a peer goes) and
+    # noise (a host name that does not resolve back); our errors say what failed instead
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     if local_world_size > 1:  # torchrun's rule: one thread per rank unless the user chose
         env.setdefault("OMP_NUM_THREADS", "1")
     return env
@@ -588,10 +591,13 @@ class Job:
                 return event[1]
             if event is not None and event[0] == "verdict":
                 self.verdict = event[1]
-                if failed_at is None:  # as for a failure here: the ranks may say more first
+                if failed_at is None:  # as for a failure here: the ranks may say more first,
+                    # unless a node is lost: then they wait for it, and cannot
                     self.out.say(f"{event[1].text}; stopping "
                                  f"{ranks_phrase(sorted(running))} on this node.")
                     failed_at, fast = time.monotonic(), True
+                    if event[1].kind == "lost":
+                        break
                 continue
             if event is not None:
                 self.record(event)

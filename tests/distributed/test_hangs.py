@@ -90,6 +90,6 @@ time.sleep(60)
     assert res.returncode != 0, res.stderr
     assert "tensorplay-run: rank 0 hung on host " in res.stderr, res.stderr
     assert ": its main thread has not moved for " in res.stderr
-    assert "threading.py:" in res.stderr and "in wait() (limit 2 s, --hang-timeout-s)" in \
-        res.stderr, res.stderr
+    assert "threading.py:" in res.stderr and "in wait(), from " in res.stderr, res.stderr
+    assert "job.py:5 in <module>() (limit 2 s, --hang-timeout-s)" in res.stderr, res.stderr
     assert took < 20, took

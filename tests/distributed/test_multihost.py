@@ -6,6 +6,8 @@ network variables set, and asserts what every launcher printed and how long it t
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -91,3 +93,125 @@ def test_a_rank_killed_on_one_host_stops_both_launchers_quickly(tmp_path):
     assert all(code not in (0, None) for code in codes), (codes, texts)
     assert "rank 5 failed first (killed by signal SIGKILL)" in texts[1], texts[1]
     assert "RankFailedError" in texts[0], texts[0]  # host A's ranks were told, not hung
+
+
+LOOP_JOB = '''
+import os, time
+import torch
+import tensorplay.distributed as dist
+
+dist.init_process_group(timeout=120)
+for step in range(100000):
+    dist.all_reduce(torch.ones(4))
+    if int(os.environ["LOCAL_RANK"]) == 0:
+        print(f"step {step}", flush=True)
+    time.sleep(0.1)
+'''
+GRACE_S = 10  # the default --node-grace-s: these tests run with default settings
+WITHIN_S = GRACE_S + 5  # the issue's bound: every launcher has exited by then
+
+
+def _running_loop(hosts: netns.Hosts, tmp: Path) -> list[Path]:
+    """Every host runs LOOP_JOB with 2 ranks; returns once each has made a few steps."""
+    script = tmp / "loop.py"
+    script.write_text(LOOP_JOB)
+    logs = _launch(hosts, [str(script)], tmp, nproc=2)
+    deadline = time.monotonic() + 150
+    while not all("step 3\n" in log.read_text(errors="replace") for log in logs):
+        assert time.monotonic() < deadline, [log.read_text() for log in logs]
+        assert all(p.poll() is None for p in hosts.procs), [log.read_text() for log in logs]
+        time.sleep(0.2)
+    return logs
+
+
+def _exit_times(hosts: netns.Hosts, since: float, limit: float) -> list[float | None]:
+    """Seconds from ``since`` until each launcher exited (None: still running at ``limit``)."""
+    took: list[float | None] = [None] * len(hosts.procs)
+    while time.monotonic() - since < limit and None in took:
+        for i, proc in enumerate(hosts.procs):
+            if took[i] is None and proc.poll() is not None:
+                took[i] = time.monotonic() - since
+        time.sleep(0.05)
+    return took
+
+
+def _assert_clean(texts: list[str]) -> None:
+    """An expected failure shows no C++ trace, abort or core dump."""
+    for text in texts:
+        for sign in ("SIGABRT", "core dumped", "terminate called", "Exception raised from"):
+            assert sign not in text, (sign, text)
+
+
+@pytest.mark.faults
+def test_a_cut_link_is_noticed_by_both_hosts_within_grace_plus_5_s(tmp_path):
+    netns.require()
+    with netns.Hosts(2) as hosts:
+        logs = _running_loop(hosts, tmp_path)
+        cut = time.monotonic()
+        hosts.cut(2)
+        took = _exit_times(hosts, cut, limit=60)
+        texts = [log.read_text(errors="replace") for log in logs]
+        codes = [p.returncode for p in hosts.procs]
+    assert all(t is not None and t < WITHIN_S for t in took), (took, texts)
+    assert all(c not in (0, None) for c in codes), (codes, texts)
+    assert ("tensorplay-run: the job stopped because node 1 (hostB, ranks 2-3) went silent: no "
+            "heartbeat for ") in texts[0], texts[0]
+    assert ("tensorplay-run: the job stopped because node 0 (hostA, ranks 0-1), which serves "
+            "the job's store at 198.18.0.1:") in texts[1], texts[1]
+    _assert_clean(texts)
+
+
+@pytest.mark.faults
+def test_a_frozen_host_has_its_ranks_killed_as_hung_and_both_launchers_stop(tmp_path):
+    netns.require()
+    with netns.Hosts(2) as hosts:
+        logs = _running_loop(hosts, tmp_path)
+        launcher_b = hosts.procs[1].pid
+        ranks_b = [pid for pid in netns.descendants(launcher_b)
+                   if "tensorplay_rank_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+        assert len(ranks_b) == 2, ranks_b
+        frozen = time.monotonic()
+        for pid in ranks_b:
+            os.kill(pid, signal.SIGSTOP)
+        took = _exit_times(hosts, frozen, limit=60)
+        texts = [log.read_text(errors="replace") for log in logs]
+    assert all(t is not None and t < WITHIN_S for t in took), (took, texts)
+    assert "tensorplay-run: rank 2 hung on host hostB: its process was stopped (SIGSTOP) for " \
+        in texts[1], texts[1]
+    assert "tensorplay-run: the job stopped because node 1 (hostB) failed: rank " in texts[0], \
+        texts[0]
+    _assert_clean(texts)
+
+
+@pytest.mark.faults
+def test_the_host_serving_the_store_killed_stops_the_other_host_quickly(tmp_path):
+    netns.require()
+    with netns.Hosts(2) as hosts:
+        logs = _running_loop(hosts, tmp_path)
+        launcher_a = hosts.procs[0].pid
+        killed = time.monotonic()
+        for pid in [launcher_a, *netns.descendants(launcher_a)]:
+            os.kill(pid, signal.SIGKILL)
+        took = _exit_times(hosts, killed, limit=60)
+        text = logs[1].read_text(errors="replace")
+    assert took[1] is not None and took[1] < WITHIN_S, (took, text)
+    assert hosts.procs[1].returncode not in (0, None)
+    assert "RankFailedError" in text or "the job stopped because node 0 (hostA" in text, text
+    _assert_clean([text])
+
+
+@pytest.mark.faults
+def test_three_hosts_one_cut_off_every_launcher_stops_naming_it(tmp_path):
+    netns.require()
+    with netns.Hosts(3) as hosts:
+        logs = _running_loop(hosts, tmp_path)
+        cut = time.monotonic()
+        hosts.cut(3)
+        took = _exit_times(hosts, cut, limit=60)
+        texts = [log.read_text(errors="replace") for log in logs]
+    assert all(t is not None and t < WITHIN_S for t in took), (took, texts)
+    for text in texts[:2]:  # hosts A and B: node 0 posted the verdict, B read it
+        assert ("the job stopped because node 2 (hostC, ranks 4-5) went silent: no heartbeat "
+                "for ") in text, text
+    assert "the job stopped because node 0 (hostA, ranks 0-1), which serves" in texts[2]
+    _assert_clean(texts)
