@@ -35,7 +35,7 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from . import _arrivals, _keys
-from ._failures import FIX_LATE, Dead, death_watch, diagnose, named_failures, store_call
+from ._failures import FIX_FAILED, FIX_LATE, Dead, death_watch, diagnose, named_failures, store_call
 from .errors import (
     DistributedTimeoutError,
     MeshMismatchError,
@@ -68,7 +68,8 @@ def agree(world: World, what: str, request: dict[str, object]) -> None:
     store, spmd = world.store, world.spmd
     store_call(world, step, lambda: store.set(
         spmd.key(_keys.CHECK_ARRIVE, n=n, rank=world.rank), _digest(text)))
-    with death_watch(world, lambda dead: _post_death(world, n, dead)):
+    with death_watch(world, lambda dead: _post_death(world, n, dead),
+                     lambda text, ranks: _post_lost(world, n, text, ranks)):
         if world.rank == 0:
             outcome = _judge(world, step, n)
         else:
@@ -80,6 +81,10 @@ def agree(world: World, what: str, request: dict[str, object]) -> None:
         _raise_mismatch(world, what, step, n, text, rest)
     if kind == "dead":
         raise _diagnosed(world, step, n, None, timed_out=False, dead=_parse_dead(rest))
+    if kind == "lost":  # the launchers stop the job: a node lost, or a failure elsewhere
+        runs, _, said = rest.partition(" ")
+        raise RankFailedError(f"{step} failed: {said}. {FIX_FAILED}",
+                              ranks=_unruns(runs) if runs != "-" else None)
     when, _, note = rest.partition(" ")  # gave_up <time> <note>
     if arrived_at > float(when):
         raise DistributedTimeoutError(
@@ -155,6 +160,19 @@ def _post_death(world: World, n: int, dead: list[Dead]) -> None:
         store = world.store.clone()
         store.compare_set(spmd.key(_keys.CHECK_OUTCOME, n=n), "", notice)
         for rank, _, _ in dead:
+            store.compare_set(spmd.key(_keys.CHECK_ARRIVE, n=n, rank=rank), "", notice)
+
+
+def _post_lost(world: World, n: int, text: str, ranks: list[int]) -> None:
+    """Post the launcher's verdict (``text``, naming the lost ``ranks``) as check #n's
+    outcome, and as the digest of each lost rank, which wakes every waiter that can still
+    reach the store and releases rank 0. Runs on the watcher thread (a store clone)."""
+    notice = f"lost {_runs(sorted(ranks)) if ranks else '-'} {text}"
+    spmd = world.spmd
+    with suppress(RuntimeError, OSError, AttributeError):
+        store = world.store.clone()
+        store.compare_set(spmd.key(_keys.CHECK_OUTCOME, n=n), "", notice)
+        for rank in ranks:
             store.compare_set(spmd.key(_keys.CHECK_ARRIVE, n=n, rank=rank), "", notice)
 
 

@@ -18,6 +18,7 @@ module words the error the user sees, the same for every engine:
 from __future__ import annotations
 
 import _thread
+import json
 import os
 import re
 import threading
@@ -53,6 +54,9 @@ FIX_LATE = (
 )
 
 Dead = tuple[int, int, str]  # (rank, pid, host) of a rank whose process has gone
+# tensorplay-run writes here why the job stops, when another node is lost or failed:
+# {"text": "node 1 (hostB, ranks 4-7) went silent: ...", "ranks": [4, 5, 6, 7]}
+VERDICT_FILE = "TENSORPLAY_RUN_VERDICT_FILE"
 
 
 def engine_said(err: BaseException) -> str:
@@ -175,12 +179,17 @@ def diagnose(
 
 
 @contextmanager
-def death_watch(world: World, notify: Callable[[list[Dead]], None]) -> Iterator[None]:
+def death_watch(world: World, notify: Callable[[list[Dead]], None],
+                notify_lost: Callable[[str, list[int]], None] | None = None) -> Iterator[None]:
     """Inside the block, watch this host's other ranks; on the first deaths call
     ``notify(dead)`` once, from a watcher thread (it must not use the waiting connection).
+
+    Under tensorplay-run, also watch for the launcher's verdict (``VERDICT_FILE``): a node
+    lost or a failure elsewhere calls ``notify_lost(text, ranks)`` once instead.
     """
     others = {r: p for r, p in (world.host_pids or {}).items() if r != world.rank}
-    if not others:
+    verdict_file = os.environ.get(VERDICT_FILE) if notify_lost is not None else None
+    if not others and not verdict_file:
         yield
         return
     stop = threading.Event()
@@ -191,6 +200,14 @@ def death_watch(world: World, notify: Callable[[list[Dead]], None]) -> Iterator[
             dead = sorted((r, p) for r, p in others.items() if not running(p))
             if dead:
                 notify([(r, p, here) for r, p in dead])
+                return
+            if verdict_file and notify_lost is not None and os.path.exists(verdict_file):
+                try:
+                    with open(verdict_file) as f:
+                        said = json.load(f)
+                except (OSError, ValueError):
+                    continue  # being written: look again
+                notify_lost(said["text"], said.get("ranks") or [])
                 return
 
     # _thread, not threading.Thread: Thread.start() blocks until the new thread has run, which

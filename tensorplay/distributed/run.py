@@ -26,10 +26,12 @@ import json
 import os
 import queue
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from tensorplay.distributed import _hangs, _rank_main, backends
+from tensorplay.distributed._failures import VERDICT_FILE
 from tensorplay.distributed._rank_ends import (
     RankEnd,
     blank_varying,
@@ -62,6 +65,7 @@ NODE_GRACE_ENV = "TENSORPLAY_NODE_GRACE_S"
 HANG_ENV = "TENSORPLAY_HANG_TIMEOUT_S"
 JOIN_ENV = "TENSORPLAY_JOIN_TIMEOUT_S"
 STOP_FAST_S = 2.0  # a node lost or stopped elsewhere: SIGTERM, then SIGKILL after at most this
+LOST_SETTLE_S = 0.5  # a node lost: what is left of --settle-s for this node's ranks to end
 OMP_NOTE = ("setting OMP_NUM_THREADS=1 for every rank, as torchrun does, so {n} ranks do not "
             "oversubscribe the cores (it was not set; set it to choose another value)")
 
@@ -465,6 +469,8 @@ def _start(
                     agent_store=a.serve_store)
     if a.hang_timeout_s is not None:
         env[_rank_main.BEAT_S] = "1"
+    if a.verdict_file:
+        env[VERDICT_FILE] = a.verdict_file
     report_r, report_w = os.pipe()
     env[_rank_main.REPORT_FD] = str(report_w)
     env[_rank_main.PARENT_PID] = str(os.getpid())
@@ -591,13 +597,14 @@ class Job:
                 return event[1]
             if event is not None and event[0] == "verdict":
                 self.verdict = event[1]
-                if failed_at is None:  # as for a failure here: the ranks may say more first,
-                    # unless a node is lost: then they wait for it, and cannot
+                if failed_at is None:  # as for a failure here: the ranks may say more first
+                    # (those in our own checks raise RankFailedError, told by tell_ranks)
                     self.out.say(f"{event[1].text}; stopping "
                                  f"{ranks_phrase(sorted(running))} on this node.")
+                    self.tell_ranks(event[1])
                     failed_at, fast = time.monotonic(), True
-                    if event[1].kind == "lost":
-                        break
+                    if event[1].kind == "lost":  # most wait for the lost node: be quick
+                        failed_at -= max(self.a.settle_s - LOST_SETTLE_S, 0.0)
                 continue
             if event is not None:
                 self.record(event)
@@ -634,6 +641,18 @@ class Job:
         what = first.what() or describe(first.chosen() if first.report else first.code or 1)
         self.board.post("failed", f"node {self.a.node_rank} ({_env_hostname()}) failed: rank "
                                   f"{first.rank}: {shorten(what)}")
+
+    def tell_ranks(self, verdict: Verdict) -> None:
+        """Write the verdict where this node's ranks look while they wait in a cross-rank
+        check (``_failures.VERDICT_FILE``): they raise RankFailedError saying it."""
+        if not self.a.verdict_file:
+            return
+        n = self.a.nproc_per_node
+        lost = [] if verdict.lost is None else list(range(verdict.lost * n, (verdict.lost + 1) * n))
+        with suppress(OSError):
+            Path(self.a.verdict_file + ".tmp").write_text(
+                json.dumps({"text": verdict.text, "ranks": lost}))
+            os.replace(self.a.verdict_file + ".tmp", self.a.verdict_file)
 
     def stop(self, running: set[int], fast: bool = False) -> None:
         """Stop the ranks still running (marking them stopped) and wait for every process.
@@ -716,6 +735,8 @@ def launch(a: argparse.Namespace) -> int:
     if a.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
         out.say(OMP_NOTE.format(n=a.nproc_per_node))
     a.base_env = dict(os.environ)  # what the ranks get, before the line below
+    workdir = tempfile.mkdtemp(prefix="tensorplay-run-") if a.nnodes > 1 else None
+    a.verdict_file = os.path.join(workdir, "verdict") if workdir else None
     a.serve_store = backends.launcher_can_serve_store()
     if a.serve_store and "TORCH_CPP_LOG_LEVEL" not in os.environ:
         os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"  # torch logs each failed connect with a
@@ -761,6 +782,8 @@ def launch(a: argparse.Namespace) -> int:
                 serving.join()
             if board is not None:
                 board.close()
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
             if "TORCH_CPP_LOG_LEVEL" not in a.base_env:
                 os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
             out.close()

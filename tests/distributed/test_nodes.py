@@ -198,3 +198,33 @@ def test_verdicts_travel_as_json():
     assert _nodes.Verdict.loads(verdict.dumps()) == verdict
     assert _nodes.Node(1, "hostB", 4, 2).name() == "node 1 (hostB, ranks 4-7)"
     assert _nodes.Node(2, "hostC", 1, 3).name() == "node 2 (hostC, rank 2)"
+
+
+WAITS_IN_A_CHECK = '''
+import os, time
+import tensorplay.distributed as dist
+from tensorplay.distributed import init_device_mesh
+
+dist.init_process_group(timeout=120)
+print("up", flush=True)
+if dist.get_rank() >= 2:
+    time.sleep(5)  # node 1's ranks are frozen here by the test
+init_device_mesh("cpu", (2, 2))
+'''
+
+
+def test_ranks_waiting_in_a_cross_rank_check_raise_naming_the_lost_node(tmp_path):
+    script = tmp_path / "check.py"
+    script.write_text(WAITS_IN_A_CHECK)
+    with Nodes(tmp_path, 2, "--nproc-per-node", "2", "--node-grace-s", "3") as nodes:
+        a, b = nodes.start(0, script), nodes.start(1, script)
+        deadline = time.monotonic() + 90
+        while nodes.text(0).count("up") + nodes.text(1).count("up") < 4:
+            assert time.monotonic() < deadline, (nodes.text(0), nodes.text(1))
+            time.sleep(0.1)
+        os.killpg(b.pid, signal.SIGSTOP)
+        code = nodes.wait(a, 30)
+        text = nodes.text(0)
+    assert code == 1, text
+    assert ("RankFailedError: init_device_mesh() (cross-rank check #1) failed: node 1 (" in text
+            and ", ranks 2-3) went silent: no heartbeat for " in text), text
