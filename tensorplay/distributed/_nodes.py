@@ -165,6 +165,32 @@ class Board:
                 f"--node-rank 0 on the machine that has address {self.addr}, and check that "
                 f"this machine reaches it (firewall, --master-addr, --master-port)"
             ) from None
+        try:
+            self._join(deadline)
+        except JoinError:
+            self._part()
+            raise
+        except Exception as err:  # noqa: BLE001 - torch's DistError family: node 0 left
+            raise JoinError(f"node 0 (the job's store at {self.addr}:{self.port}) went away "
+                            f"while the nodes met ({_said(err)}); its launcher says why"
+                            ) from None
+
+    def _part(self) -> None:
+        """The join failed: say this launcher read why; node 0 keeps the store up until every
+        launcher that came has (at most ACK_S), so none meets a closed store instead."""
+        with suppress(Exception):
+            _bounded(lambda: self.client.add(self._key("parted"), 1), CALL_S)
+            if self.index != 0:
+                return
+            until = time.monotonic() + ACK_S
+            while time.monotonic() < until:
+                came = sum(int(self.client.add(self._key(f"claim/{i}"), 0))
+                           for i in range(self.nnodes))
+                if int(self.client.add(self._key("parted"), 0)) >= came:
+                    return
+                time.sleep(POLL_S)
+
+    def _join(self, deadline: float) -> None:
         me = Node(self.index, self.host, self.nproc, self.nnodes)
         claim = int(self.client.add(self._key(f"claim/{self.index}"), 1))
         self.client.set(self._key(f"node/{self.index}/{claim}"), json.dumps(me.__dict__))
