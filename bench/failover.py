@@ -1,6 +1,6 @@
 """How long a 2-host job takes to stop after a fault: tensorplay-run against torchrun.
 
-    python bench/failover.py                          # all four faults, ~15 min on 2 cores
+    python bench/failover.py                          # all four faults, ~10 min on 2 cores
     python bench/failover.py --faults rank-killed store-node-killed --limit-s 60
 
 Needs root and iproute2: the two "hosts" are Linux network namespaces (tests/netns.py, host 1
@@ -473,13 +473,19 @@ def main() -> None:
           f"fault after step {READY_STEP}; cap {opts.limit_s:g} s")
     print(f"command: {' '.join(['python', 'bench/failover.py', *sys.argv[1:]])}", flush=True)
     results: dict[tuple[str, str], list[Outcome]] = {}
-    for fault in opts.faults:
-        for r in range(opts.repeats):
-            order = list(LAUNCHERS) if r % 2 == 0 else list(reversed(LAUNCHERS))
-            for launcher in order:
-                results.setdefault((fault, launcher), []).append(
-                    run_case(fault, launcher, opts.nproc, opts.limit_s, opts.start_limit_s,
-                             opts.keep_logs))
+    try:
+        for fault in opts.faults:
+            for r in range(opts.repeats):
+                order = list(LAUNCHERS) if r % 2 == 0 else list(reversed(LAUNCHERS))
+                for launcher in order:
+                    results.setdefault((fault, launcher), []).append(
+                        run_case(fault, launcher, opts.nproc, opts.limit_s,
+                                 opts.start_limit_s, opts.keep_logs))
+    except KeyboardInterrupt:
+        done = sum(len(v) for v in results.values())
+        print(f"failover: interrupted after {done} case(s); the case under way was cleaned up "
+              "(its processes killed, its namespaces deleted)", file=sys.stderr)
+        sys.exit(130)
     report(results, opts.faults, opts.limit_s, opts.nproc)
     print(f"\nwall time of this run: {time.monotonic() - start:.0f} s")
 
