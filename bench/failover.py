@@ -70,7 +70,8 @@ CELL_WIDTH = 140  # characters of a quoted line in the tables
 STEP_LINE = re.compile(rb"\bstep (\d+)\b")
 FAILURE_WORDS = re.compile(
     r"error|fail|exception|traceback|killed|signal|sig[a-z]{3,4}\b|timed? ?out|abort|lost|"
-    r"closed|refused|reset|unreachable|hung|hang|dead|died|terminat|exit|connection|broken",
+    r"closed|refused|reset|unreachable|hung|hang|dead|died|terminat|exit|connection|broken|"
+    r"still in|stuck|stall|waits? up to",  # ours warns of a collective that does not end
     re.IGNORECASE)
 RANK_TAG = re.compile(r"^\[ranks? [\d, -]+\] |^\[rank\d+\]: ")  # ours' label, torch's
 CRASH_MARKS = {"SIGABRT": "SIGABRT", "core dumped": "core dumped",
