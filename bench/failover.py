@@ -90,6 +90,19 @@ class Launcher:
     exited_at: float | None = None  # time.monotonic()
     code: int | None = None  # exit code, negative: killed by that signal
     err_offset: int = 0  # bytes of stderr written before the fault
+    ends: dict[Path, int] = field(default_factory=dict)  # file sizes when watching ended
+
+    def snapshot(self) -> None:
+        """Note how much output there is now: what the clean-up makes a launcher print after
+        the cap (when its ranks are killed) is not what the fault made it print."""
+        self.ends = {p: p.stat().st_size for p in (self.out, self.err) if p.exists()}
+
+    def read(self, path: Path) -> bytes:
+        """The file's output up to the snapshot."""
+        try:
+            return path.read_bytes()[:self.ends.get(path)]
+        except OSError:
+            return b""
 
 
 @dataclass
@@ -267,7 +280,7 @@ def _inject(fault: str, hosts: netns.Hosts, launchers: list[Launcher], script: s
 
 def _stderr_after_fault(la: Launcher) -> list[str]:
     try:
-        data = la.err.read_bytes()[la.err_offset:]
+        data = la.read(la.err)[la.err_offset:]
     except OSError:
         return []
     return [line.rstrip() for line in data.decode(errors="replace").splitlines()]
@@ -296,7 +309,7 @@ def _own_first_line(lines: list[str], launcher: str, pid: int) -> str:
 
 
 def _crash_marks(la: Launcher) -> str:
-    text = b"".join(p.read_bytes() for p in (la.out, la.err) if p.exists())
+    text = la.read(la.out) + la.read(la.err)
     found = dict.fromkeys(label for mark, label in CRASH_MARKS.items() if mark.encode() in text)
     return ", ".join(found) or "none"
 
@@ -310,11 +323,13 @@ def _fresh_hosts() -> Iterator[netns.Hosts]:
         yield hosts
     finally:
         with _no_interrupts():
-            # ranks orphaned by their launcher are now children of this process (subreaper):
-            # kill them; Hosts' exit kills the launchers and everything still below them,
-            # waits on the launchers and deletes the namespaces (closed once: a second close
-            # would signal pids already reaped)
-            launcher_pids = {p.pid for p in hosts.procs}
+            # the launchers first, so none sees its ranks die and starts reacting; then every
+            # rank, those orphaned by their launcher included (children of this process, the
+            # subreaper); then Hosts' exit kills what is still below the launchers, waits on
+            # them and deletes the namespaces (closed once: a second close would signal pids
+            # already reaped)
+            launcher_pids = [p.pid for p in hosts.procs]
+            _signal(launcher_pids, signal.SIGKILL)
             adopted = [pid for pid in netns.descendants(os.getpid())
                        if pid not in launcher_pids]
             _signal(adopted, signal.SIGKILL)
@@ -369,6 +384,8 @@ def run_case(fault: str, launcher: str, nproc: int, limit_s: float, start_limit_
                         time.sleep(LEFT_BEHIND_S)
                         outcome.left_behind = len(_live(netns.descendants(os.getpid())))
             _poll(launchers)
+            for la in launchers:  # before the clean-up kills anything
+                la.snapshot()
             outcome.codes = [la.code for la in launchers]
             outcome.running = [hosts.hostname(la.host) for la in launchers
                                if la.exited_at is None]
