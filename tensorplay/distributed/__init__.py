@@ -37,6 +37,7 @@ from .errors import (
     NotAMemberError,
     NotInitializedError,
     RankFailedError,
+    ShrinkError,
     UnknownDimError,
 )
 from .process_group import ProcessGroup, ReduceOp, Work
@@ -78,7 +79,7 @@ __all__ = [
     "AlreadyInitializedError", "ArgumentError", "ArgumentTypeError", "BackendError",
     "CallMismatchError", "DeviceMesh", "DistributedError", "DistributedTimeoutError",
     "LaunchEnvError", "MeshMismatchError", "NotAMemberError", "NotInitializedError", "ProcessGroup",
-    "RankFailedError", "ReduceOp", "UnknownDimError", "Work",
+    "RankFailedError", "ReduceOp", "ShrinkError", "UnknownDimError", "Work",
     "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all_single", "barrier",
     "broadcast", "destroy_process_group", "gather", "get_backend", "get_process_group_ranks",
     "get_rank", "get_world_size", "init_device_mesh", "init_process_group", "is_initialized",

@@ -19,6 +19,7 @@ ranks made different collective calls on a group (a stray      CallMismatchError
   call, or a call another rank skipped)
 a bounded wait expired (names who never arrived)               DistributedTimeoutError
 a peer died or its connection broke (names it when known)      RankFailedError
+a mesh cannot shrink past its lost ranks (below its minimum)   ShrinkError
 the engine is missing a backend, or failed in another way      BackendError
 =============================================================  ===========================
 """
@@ -154,6 +155,11 @@ class RankFailedError(DistributedError, RuntimeError):
     def __init__(self, message: str, *, ranks: Iterable[int] | None = None):
         self.ranks = None if ranks is None else sorted(ranks)
         super().__init__(message)
+
+
+class ShrinkError(DistributedError, RuntimeError):
+    """A mesh cannot go on without its lost ranks: its elastic dim would fall below the
+    minimum the user set (or the survivors are no majority). The job must restart."""
 
 
 def rank_words(ranks: Iterable[int]) -> str:

@@ -93,6 +93,9 @@ def test_a_rank_killed_on_one_host_stops_both_launchers_quickly(tmp_path):
     assert all(code not in (0, None) for code in codes), (codes, texts)
     assert "rank 5 failed first (killed by signal SIGKILL)" in texts[1], texts[1]
     assert "RankFailedError" in texts[0], texts[0]  # host A's ranks were told, not hung
+    assert "the job stopped because node 1 (hostB) failed: rank 5: killed by signal SIGKILL" \
+        in texts[0], texts[0]
+    _assert_clean(texts)
 
 
 LOOP_JOB = '''

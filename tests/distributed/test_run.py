@@ -318,6 +318,9 @@ def test_signal_to_launcher_stops_every_child(tmp_path, sig, code):
     (["--master-port", "70000"], "--master-port=70000"),
     (["--nproc-per-node", "2", "--log-ranks", "0,2"], "--log-ranks='0,2'"),
     (["--nproc_per_node", "two"], "--nproc_per_node"),
+    (["--node-grace-s", "0"], "--node-grace-s=0.0"),
+    (["--hang-timeout-s", "-1"], "--hang-timeout-s=-1.0"),
+    (["--join-timeout-s", "0"], "--join-timeout-s=0.0"),
 ])
 def test_usage_errors_name_the_flag(tmp_path, capsys, argv, flag):
     job = script(tmp_path, "raise SystemExit('must not run')\n")
@@ -325,6 +328,15 @@ def test_usage_errors_name_the_flag(tmp_path, capsys, argv, flag):
     err = capsys.readouterr().err
     assert flag in err
     assert "Fix:" in err or "invalid int value" in err
+
+
+def test_a_bad_grace_in_the_environment_is_a_usage_error_naming_it(tmp_path, capsys,
+                                                                     monkeypatch):
+    monkeypatch.setenv("TENSORPLAY_NODE_GRACE_S", "ten")
+    job = script(tmp_path, "raise SystemExit('must not run')\n")
+    assert main([str(job)]) == 2
+    err = capsys.readouterr().err
+    assert "TENSORPLAY_NODE_GRACE_S='ten': is not a number of seconds" in err, err
 
 
 def test_unknown_script_exits_2_from_the_command_line(tmp_path):

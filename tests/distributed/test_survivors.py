@@ -1,0 +1,64 @@
+"""Agreement on the lost ranks: real processes, one real store (served apart from the ranks,
+as tensorplay-run serves it), every survivor gets the same answer or the same refusal."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from tests import spawn
+
+pytestmark = pytest.mark.slow  # five fresh processes
+
+
+def _rounds(rank: int, port: int) -> dict[str, object]:
+    import torch.distributed as tdist
+
+    from tensorplay.distributed import ShrinkError
+    from tensorplay.distributed._survivors import agree_lost
+
+    store = tdist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=30))
+    members = range(5)
+    out: dict[str, object] = {}
+
+    def attempt(name: str, suspects=(), **kw) -> None:
+        start = time.monotonic()
+        try:
+            out[name] = agree_lost(store, name, rank, members, suspects, **kw)
+        except ShrinkError as err:
+            out[name] = f"ShrinkError: {err}"
+        out[name + " s"] = time.monotonic() - start
+
+    if rank != 3:  # rank 3 never comes: its peers 2 and 4 saw it go
+        attempt("one lost", {3} if rank in (2, 4) else (), wait_s=5)
+    attempt("none lost", {2} if rank == 1 else (), wait_s=5)  # 2 is alive after all
+    if rank == 4:
+        time.sleep(3)
+    attempt("late", wait_s=1)
+    if rank < 2:
+        attempt("no majority", timeout_s=2)
+    return out
+
+
+def test_survivors_agree_on_the_lost_and_refuse_without_a_majority():
+    import torch.distributed as tdist
+
+    server = tdist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    results = spawn.run(_rounds, 5, server.port, init=False, timeout=90)
+    for rank, got in enumerate(results):
+        if rank != 3:
+            assert got["one lost"] == [3], (rank, got)
+            assert got["one lost s"] < 4, (rank, got)  # suspected: no wait_s (5 s) spent on it
+        assert got["none lost"] == [], (rank, got)
+        if rank != 4:
+            assert got["late"] == [4], (rank, got)
+    assert got["late"] == ("ShrinkError: rank 4 reached the recovery after the others had "
+                           "agreed it was lost (lost: 4); it must leave the job. Fix: make it "
+                           "reach the recovery sooner, or raise the wait")
+    for rank in (0, 1):
+        assert results[rank]["no majority"] == (
+            "ShrinkError: only ranks 0-1 of 5 members came to the recovery within 2 s: no "
+            "majority, so no part of the job may go on alone. Fix: restart the job from its "
+            "last checkpoint"), results[rank]
