@@ -133,7 +133,7 @@ class _Guarded:
         try:
             self.work.wait()
         except RuntimeError as err:
-            raise self.failed(err, self.what) from err
+            raise self.failed(err, self.what) from None  # it quotes the engine's words
 
 
 class TorchGroupOps:
@@ -162,7 +162,7 @@ class TorchGroupOps:
             if async_op:
                 return Work(_Guarded(work, what, self._failed), lambda: _finish(buffers))
         except RuntimeError as err:
-            raise self._failed(err, what) from err
+            raise self._failed(err, what) from None  # it quotes the engine's words
         _finish(buffers)
         return None
 
@@ -183,7 +183,7 @@ class TorchGroupOps:
             try:
                 self._group.allreduce([tensor], opts).wait()
             except RuntimeError as err:
-                raise self._failed(err, "all_reduce()") from err
+                raise self._failed(err, "all_reduce()") from None  # it quotes the engine
             return None
         buf = self._buffer(tensor, "tensor")
         torch_op = _op(op, buf.tensor)
