@@ -173,6 +173,27 @@ def _print_uncaught(exc: BaseException) -> None:
         sys.__excepthook__(type(exc), exc, exc.__traceback__)
 
 
+def _peer_lost(exc: BaseException) -> bool:
+    """Whether the script died of our RankFailedError or DistributedTimeoutError: a peer is
+    gone or silent, so the process's groups hold connections to it."""
+    return (type(exc).__module__ == "tensorplay.distributed.errors"
+            and type(exc).__name__ in ("RankFailedError", "DistributedTimeoutError"))
+
+
+def _exit_skipping_teardown(code: int) -> None:
+    """Run the atexit handlers and flush, as the interpreter does at exit, then leave without
+    tearing down the modules: destroying a gloo group whose peer is frozen or gone can end in
+    C++'s "terminate called without an active exception" (SIGABRT), after the error was said."""
+    import atexit
+    import contextlib
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed stream: nothing more to say
+            stream.flush()
+    os._exit(code)
+
+
 def _quiet_excepthook(*_args: object) -> None:
     """Installed after the script's exception was printed once: the interpreter's own report
     of the same exception, as it leaves, prints nothing more."""
@@ -246,6 +267,8 @@ def main() -> None:
         first = "".join(lines).splitlines()[0] if lines else None
         report.raised(exc, first)
         _print_uncaught(exc)
+        if _peer_lost(exc):
+            _exit_skipping_teardown(1)
         sys.excepthook = _quiet_excepthook
         raise  # the interpreter exits as for any uncaught exception (1, or SIGINT)
     report.send("returned")

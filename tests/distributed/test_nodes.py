@@ -17,7 +17,6 @@ import pytest
 from tensorplay.distributed import _nodes
 from tests.spawn import free_port
 
-pytestmark = pytest.mark.slow  # each test starts two or three launchers that load torch
 LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,6 +72,8 @@ def job(tmp: Path, body: str) -> Path:
     return path
 
 
+@pytest.mark.slow  # starts launchers that load torch
+@pytest.mark.faults
 def test_nodes_that_disagree_on_nproc_per_node_all_fail_naming_each_node(tmp_path):
     script = job(tmp_path, "print('ran')\n")
     with Nodes(tmp_path, 2) as nodes:
@@ -88,6 +89,8 @@ def test_nodes_that_disagree_on_nproc_per_node_all_fail_naming_each_node(tmp_pat
         assert "ran" not in text  # no rank started
 
 
+@pytest.mark.slow  # starts launchers that load torch
+@pytest.mark.faults
 def test_a_node_index_claimed_twice_fails_every_launcher_naming_it(tmp_path):
     script = job(tmp_path, "print('ran')\n")
     with Nodes(tmp_path, 3, "--nproc-per-node", "1", "--join-timeout-s", "60") as nodes:
@@ -102,6 +105,8 @@ def test_a_node_index_claimed_twice_fails_every_launcher_naming_it(tmp_path):
         assert "Fix: give each machine its own --node-rank in 0..2." in text
 
 
+@pytest.mark.slow  # starts launchers that load torch
+@pytest.mark.faults
 def test_a_node_that_never_arrives_is_named_within_the_join_timeout(tmp_path):
     script = job(tmp_path, "print('ran')\n")
     with Nodes(tmp_path, 2, "--nproc-per-node", "1", "--join-timeout-s", "3") as nodes:
@@ -116,6 +121,8 @@ def test_a_node_that_never_arrives_is_named_within_the_join_timeout(tmp_path):
     assert took < 20, took
 
 
+@pytest.mark.slow  # starts launchers that load torch
+@pytest.mark.faults
 def test_without_node_0_the_others_say_so_without_a_cpp_trace(tmp_path):
     script = job(tmp_path, "print('ran')\n")
     with Nodes(tmp_path, 2, "--nproc-per-node", "1", "--join-timeout-s", "2") as nodes:
@@ -127,6 +134,8 @@ def test_without_node_0_the_others_say_so_without_a_cpp_trace(tmp_path):
     assert "Exception raised from" not in text and "frame #" not in text
 
 
+@pytest.mark.slow  # starts launchers that load torch
+@pytest.mark.faults
 def test_a_frozen_node_is_declared_lost_and_the_other_node_stops_in_grace_plus_5_s(tmp_path):
     script = job(tmp_path, "print('up', flush=True)\ntime.sleep(120)\n")
     with Nodes(tmp_path, 2, "--nproc-per-node", "2", "--node-grace-s", "3") as nodes:
@@ -153,6 +162,8 @@ def test_a_frozen_node_is_declared_lost_and_the_other_node_stops_in_grace_plus_5
             f"127.0.0.1:{nodes.port}, is lost: the store " in texts[1]), texts[1]
 
 
+@pytest.mark.slow  # starts launchers that load torch
+@pytest.mark.faults
 def test_a_failure_on_one_node_stops_the_other_nodes_ranks(tmp_path):
     script = job(tmp_path, """
         if RANK == 3:
@@ -184,6 +195,7 @@ print("store still served:", store.get("after").decode(), flush=True)
 '''
 
 
+@pytest.mark.slow  # starts launchers that load torch
 def test_the_launcher_serves_the_store_so_it_outlives_rank_0(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text(PLAIN_TORCH)
@@ -213,6 +225,8 @@ init_device_mesh("cpu", (2, 2))
 '''
 
 
+@pytest.mark.slow  # starts launchers that load torch
+@pytest.mark.faults
 def test_ranks_waiting_in_a_cross_rank_check_raise_naming_the_lost_node(tmp_path):
     script = tmp_path / "check.py"
     script.write_text(WAITS_IN_A_CHECK)

@@ -570,3 +570,19 @@ def test_a_real_mesh_mismatch_prints_one_traceback_and_all_ranks_failing_alike(t
         "tensorplay-run: all 4 ranks failed alike (exit code 1): MeshMismatchError: ranks "
         "disagree on mesh_shape in init_device_mesh(); every rank must pass the same value: "
         "(2, 2): passed by ranks 0-2; (4, 1): passed by rank 3.")
+
+
+def test_a_rank_failed_error_exits_1_after_atexit_handlers_without_module_teardown(tmp_path):
+    job = script(tmp_path, """
+        import atexit
+        from tensorplay.distributed.errors import RankFailedError
+        atexit.register(lambda: print("atexit ran", flush=True))
+        if RANK == 1:
+            raise RankFailedError("all_reduce() failed: rank 0 died", ranks=[0])
+    """)
+    res = run("--nproc-per-node", "2", job)
+    assert res.returncode == 1, res.stderr
+    assert "[rank 0] atexit ran" in res.stdout
+    assert "[rank 1] atexit ran" in res.stderr  # after its traceback: held with it
+    assert ("tensorplay-run: rank 1 failed first (exit code 1): RankFailedError: all_reduce() "
+            "failed: rank 0 died; no other rank was still running.") in res.stderr, res.stderr

@@ -10,7 +10,7 @@ import pytest
 
 from tests import spawn
 
-pytestmark = pytest.mark.slow  # five fresh processes
+pytestmark = [pytest.mark.slow, pytest.mark.faults]  # five fresh processes; absent, late ranks
 
 
 def _rounds(rank: int, port: int) -> dict[str, object]:
