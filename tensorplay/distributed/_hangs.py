@@ -7,9 +7,11 @@ Two signs, each judged by the launcher of the rank's node (pure standard library
   longer than ``stopped_s`` (--node-grace-s, 10 s) is hung. On by default on Linux;
 - **not moving** (only with --hang-timeout-s H): each rank's ``_rank_main`` sends a beat over
   its report pipe once a second, saying for how long its main thread has been at the same
-  place (same frame, same bytecode offset). A rank whose beats stop for H seconds (frozen,
-  or the interpreter lock held), or whose main thread has not moved for H seconds (a
-  deadlock, a collective that never returns), is hung.
+  place (same frame, same bytecode offset, no collective made: a frame's id may be reused by
+  the next call at the same place, so the count of collectives is part of the place). A rank
+  whose beats stop for H seconds (frozen, or the interpreter lock held), or whose main thread
+  has not moved for H seconds (a deadlock, a collective that never returns, and also one call
+  longer than H), is hung.
 
 Worked example: ``--hang-timeout-s 60``, rank 5 enters an all_reduce that rank 1 never joins
 at t = 100 s. Its beats say ``still`` 0, 1, 2, ... s; at t = 160 s ``still`` passes 60 and the

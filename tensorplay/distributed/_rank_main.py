@@ -97,12 +97,25 @@ def _beat(report: Reporter, every_s: float, main_ident: int | None) -> None:
         time.sleep(every_s)
         frame = sys._current_frames().get(main_ident) if main_ident is not None else None
         now = time.monotonic()
-        place = None if frame is None else (id(frame), frame.f_code, frame.f_lasti)
+        # a frame object's id can be reused by the next call at the same place, so the count
+        # of collectives made also says the thread moved (a loop of steps always calls one)
+        place = (None if frame is None else (id(frame), frame.f_code, frame.f_lasti),
+                 _collectives_made())
         if place != here:
             here, since = place, now
         where = "" if frame is None else _where(frame)
         del frame
         report.send("beat", still=round(now - since, 3), where=where)
+
+
+def _collectives_made() -> int:
+    """How many collectives this process made in its current world (0 without one): read
+    from the package if the script loaded it, never importing it."""
+    world = getattr(sys.modules.get("tensorplay.distributed.world"), "_WORLD", None)
+    try:
+        return sum(g.calls for g in world.groups()) if world is not None else 0
+    except Exception:  # noqa: BLE001 - a world being torn down: no count this time
+        return -1
 
 
 def _where(frame) -> str:

@@ -110,15 +110,18 @@ for step in range(100000):
         print(f"step {step}", flush=True)
     time.sleep(0.1)
 '''
-GRACE_S = 10  # the default --node-grace-s: these tests run with default settings
-WITHIN_S = GRACE_S + 5  # the issue's bound: every launcher has exited by then
+GRACE_S = 5  # TENSORPLAY_NODE_GRACE_S for these tests (default 10; bench/failover.py runs
+# the same faults with the defaults, against the 15 s goal)
+WITHIN_S = GRACE_S + 5  # every launcher has exited by then
 
 
 def _running_loop(hosts: netns.Hosts, tmp: Path) -> list[Path]:
     """Every host runs LOOP_JOB with 2 ranks; returns once each has made a few steps."""
     script = tmp / "loop.py"
     script.write_text(LOOP_JOB)
-    logs = _launch(hosts, [str(script)], tmp, nproc=2)
+    logs = _launch(hosts, [str(script)], tmp, nproc=2,
+                   env={i: {"TENSORPLAY_NODE_GRACE_S": str(GRACE_S)}
+                        for i in range(1, hosts.count + 1)})
     deadline = time.monotonic() + 150
     while not all("step 3\n" in log.read_text(errors="replace") for log in logs):
         assert time.monotonic() < deadline, [log.read_text() for log in logs]
@@ -143,25 +146,6 @@ def _assert_clean(texts: list[str]) -> None:
     for text in texts:
         for sign in ("SIGABRT", "core dumped", "terminate called", "Exception raised from"):
             assert sign not in text, (sign, text)
-
-
-@pytest.mark.faults
-def test_a_cut_link_is_noticed_by_both_hosts_within_grace_plus_5_s(tmp_path):
-    netns.require()
-    with netns.Hosts(2) as hosts:
-        logs = _running_loop(hosts, tmp_path)
-        cut = time.monotonic()
-        hosts.cut(2)
-        took = _exit_times(hosts, cut, limit=60)
-        texts = [log.read_text(errors="replace") for log in logs]
-        codes = [p.returncode for p in hosts.procs]
-    assert all(t is not None and t < WITHIN_S for t in took), (took, texts)
-    assert all(c not in (0, None) for c in codes), (codes, texts)
-    assert ("tensorplay-run: the job stopped because node 1 (hostB, ranks 2-3) went silent: no "
-            "heartbeat for ") in texts[0], texts[0]
-    assert ("tensorplay-run: the job stopped because node 0 (hostA, ranks 0-1), which serves "
-            "the job's store at 198.18.0.1:") in texts[1], texts[1]
-    _assert_clean(texts)
 
 
 @pytest.mark.faults
@@ -204,7 +188,7 @@ def test_the_host_serving_the_store_killed_stops_the_other_host_quickly(tmp_path
 
 
 @pytest.mark.faults
-def test_three_hosts_one_cut_off_every_launcher_stops_naming_it(tmp_path):
+def test_a_cut_link_among_three_hosts_stops_every_launcher_naming_it(tmp_path):
     netns.require()
     with netns.Hosts(3) as hosts:
         logs = _running_loop(hosts, tmp_path)
@@ -216,5 +200,6 @@ def test_three_hosts_one_cut_off_every_launcher_stops_naming_it(tmp_path):
     for text in texts[:2]:  # hosts A and B: node 0 posted the verdict, B read it
         assert ("the job stopped because node 2 (hostC, ranks 4-5) went silent: no heartbeat "
                 "for ") in text, text
+        assert "(limit 5 s, --node-grace-s)" in text  # TENSORPLAY_NODE_GRACE_S=5
     assert "the job stopped because node 0 (hostA, ranks 0-1), which serves" in texts[2]
     _assert_clean(texts)
