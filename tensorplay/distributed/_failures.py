@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _accounting, _env
 from .errors import (
@@ -53,6 +53,7 @@ FIX_LATE = (
     "restart the whole job."
 )
 
+T = TypeVar("T")
 Dead = tuple[int, int, str]  # (rank, pid, host) of a rank whose process has gone
 # tensorplay-run writes here why the job stops, when another node is lost or failed:
 # {"text": "node 1 (hostB, ranks 4-7) went silent: ...", "ranks": [4, 5, 6, 7]}
@@ -81,6 +82,8 @@ def named_failures(world: World, step: str) -> Iterator[None]:
     try:
         yield
     except (DistributedTimeoutError, RankFailedError) as err:
+        if getattr(err, "told", False):  # the launcher's verdict says it all
+            raise
         raise diagnose(world, step, err, isinstance(err, DistributedTimeoutError)) from err
     except DistributedError:
         raise
@@ -201,12 +204,8 @@ def death_watch(world: World, notify: Callable[[list[Dead]], None],
             if dead:
                 notify([(r, p, here) for r, p in dead])
                 return
-            if verdict_file and notify_lost is not None and os.path.exists(verdict_file):
-                try:
-                    with open(verdict_file) as f:
-                        said = json.load(f)
-                except (OSError, ValueError):
-                    continue  # being written: look again
+            said = read_verdict() if verdict_file and notify_lost is not None else None
+            if said is not None and notify_lost is not None:
                 notify_lost(said["text"], said.get("ranks") or [])
                 return
 
@@ -217,6 +216,56 @@ def death_watch(world: World, notify: Callable[[list[Dead]], None],
         yield
     finally:
         stop.set()
+
+
+def read_verdict() -> dict | None:
+    """The launcher's verdict (``VERDICT_FILE``), once it has written one; else None."""
+    path = os.environ.get(VERDICT_FILE)
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):  # being written: not yet
+        return None
+
+
+def unless_told(step: str | Callable[[], str], backend: str, call: Callable[[], T]) -> T:
+    """``call()``, or RankFailedError with the launcher's words as soon as it writes a verdict
+    (a node lost, a failure elsewhere) while the call still waits.
+
+    A call blocked in gloo's C++ (a barrier, a group's rendezvous) cannot be woken, so under a
+    multi-node tensorplay-run it runs on a helper thread while this thread watches for the
+    verdict; the helper is left blocked when the verdict comes (the process is ending). Only
+    for gloo: a CUDA call would run on a thread without this thread's device.
+    """
+    if backend != "gloo" or not os.environ.get(VERDICT_FILE):
+        return call()
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as err:  # noqa: BLE001 - raised again on the caller's thread
+            box["error"] = err
+        finally:
+            done.set()
+
+    _thread.start_new_thread(run, ())
+    pause = 0.0005
+    while not done.wait(pause):
+        said = read_verdict()
+        if said is not None:
+            what = step() if callable(step) else step
+            err = RankFailedError(f"{what} failed: {said['text']}. {FIX_FAILED}",
+                                  ranks=said.get("ranks") or None)
+            err.told = True  # named_failures passes it on as it is
+            raise err
+        pause = min(pause * 2, WATCH_S)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def dead_on_this_host(world: World, wait_s: float) -> list[tuple[int, int]]:

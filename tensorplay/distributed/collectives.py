@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _arrays, _arrivals, _keys
-from ._failures import store_call
+from ._failures import store_call, unless_told
 from .errors import DistributedTimeoutError, bad_argument, bad_type
 from .process_group import ProcessGroup, ReduceOp, Work
 from .world import current_world, resolve_group
@@ -170,7 +170,8 @@ def barrier(group: ProcessGroup | None = None, async_op: bool = False) -> Work |
     mark = world.spmd.key(_keys.BARRIER_MARK, group=pg.name, n=n, rank=world.rank)
     _arrivals.begin(world.store, mark)
     try:
-        return ops.barrier(False)
+        return unless_told(f"barrier() #{n} on {pg.label}", pg.backend,
+                           lambda: ops.barrier(False))
     except DistributedTimeoutError as err:
         _arrivals.settle(world.store, mark)
         step = f"barrier() #{n} on {pg.label}"

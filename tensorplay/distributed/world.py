@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import _accounting, _env, _keys, _progress, backends
-from ._failures import collective_error, named_failures
+from ._failures import collective_error, named_failures, unless_told
 from ._layout import Layout
 from ._mesh_spec import Ranks
 from ._strict import StrictOps
@@ -94,7 +94,9 @@ class World:
         engine_group = None
         if ranks.index(self.rank) is not None:
             desc = f"mesh dim {kind}" if kind.startswith("'") else (kind or "new_group")
-            engine_group = self.engine.new_group(name, ranks, backend, self.timeout, desc)
+            engine_group = unless_told(
+                lambda: f"creating the group [{format_ranks(ranks.tolist())}] ({desc})",
+                backend, lambda: self.engine.new_group(name, ranks, backend, self.timeout, desc))
             self.created += 1
         return self._register(ranks, backend, name, engine_group, kind)
 

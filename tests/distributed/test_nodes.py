@@ -242,3 +242,39 @@ def test_ranks_waiting_in_a_cross_rank_check_raise_naming_the_lost_node(tmp_path
     assert code == 1, text
     assert ("RankFailedError: init_device_mesh() (cross-rank check #1) failed: node 1 (" in text
             and ", ranks 2-3) went silent: no heartbeat for " in text), text
+
+
+WAITS_IN_GLOO = '''
+import os, time
+import tensorplay.distributed as dist
+
+dist.init_process_group(timeout=120)
+print("up", flush=True)
+if dist.get_rank() == 0:
+    dist.barrier()  # node 1's ranks never come: they are frozen
+elif dist.get_rank() == 1:
+    dist.new_group([1, 3])  # rank 3's rendezvous never comes
+else:
+    time.sleep(60)
+'''
+
+
+@pytest.mark.slow  # starts launchers that load torch
+@pytest.mark.faults
+def test_ranks_blocked_in_gloo_barrier_or_group_creation_raise_naming_the_lost_node(tmp_path):
+    script = tmp_path / "blocked.py"
+    script.write_text(WAITS_IN_GLOO)
+    with Nodes(tmp_path, 2, "--nproc-per-node", "2", "--node-grace-s", "3") as nodes:
+        a, b = nodes.start(0, script), nodes.start(1, script)
+        deadline = time.monotonic() + 90
+        while nodes.text(0).count("up") + nodes.text(1).count("up") < 4:
+            assert time.monotonic() < deadline, (nodes.text(0), nodes.text(1))
+            time.sleep(0.1)
+        os.killpg(b.pid, signal.SIGSTOP)
+        code = nodes.wait(a, 30)
+        text = nodes.text(0)
+    assert code == 1, text
+    assert ("RankFailedError: barrier() #1 on the world group [0-3] failed: node 1 (" in text
+            and "ranks 2-3) went silent: no heartbeat for " in text), text
+    assert ("RankFailedError: creating the group [1, 3] (new_group) failed: node 1 (" in text)
+    assert "Exception raised from" not in text and "terminate called" not in text
