@@ -230,16 +230,20 @@ def read_verdict() -> dict | None:
         return None
 
 
-def unless_told(step: str | Callable[[], str], backend: str, call: Callable[[], T]) -> T:
+def unless_told(step: str | Callable[[], str], world: World, backend: str,
+                call: Callable[[], T]) -> T:
     """``call()``, or RankFailedError with the launcher's words as soon as it writes a verdict
     (a node lost, a failure elsewhere) while the call still waits.
 
     A call blocked in gloo's C++ (a barrier, a group's rendezvous) cannot be woken, so under a
     multi-node tensorplay-run it runs on a helper thread while this thread watches for the
     verdict; the helper is left blocked when the verdict comes (the process is ending). Only
-    for gloo: a CUDA call would run on a thread without this thread's device.
+    for a CPU backend of an engine with a store (gloo): a CUDA call would run on a thread
+    without this thread's device.
     """
-    if backend != "gloo" or not os.environ.get(VERDICT_FILE):
+    engine = world.engine
+    if (not os.environ.get(VERDICT_FILE) or not engine.capabilities.has_store
+            or engine.backend_for_device("cpu", backend) != backend):
         return call()
     box: dict[str, Any] = {}
     done = threading.Event()

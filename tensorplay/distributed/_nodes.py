@@ -30,6 +30,7 @@ Example verdicts (each launcher prints it after ``tensorplay-run: ``)::
 from __future__ import annotations
 
 import json
+import os
 import select
 import socket
 import threading
@@ -105,6 +106,7 @@ class Board:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._on_verdict: Callable[[Verdict], None] = lambda v: None
+        self._wake = os.pipe()  # serve_when_asked waits on it too
 
     # ---------------------------------------------------------------- store
 
@@ -131,17 +133,24 @@ class Board:
         self.server = torch_store.serve(listener, self.addr, self.port,
                                         timedelta(seconds=max(self.join_timeout_s, 60.0)))
 
-    def serve_when_asked(self, stop: threading.Event) -> None:
+    def serve_when_asked(self) -> None:
         """One node: bind now, but load torch and serve only once a rank connects (a script
         that never uses the store never pays for torch in the launcher). The first
-        connection waits in the socket's backlog meanwhile."""
+        connection waits in the socket's backlog meanwhile. ``stop_asking()`` ends the wait."""
         listener = self.bind()
-        with suppress(OSError):
-            while not stop.is_set():
-                if select.select([listener], [], [], 0.2)[0]:
-                    self.serve(listener)
-                    return
+        try:
+            ready = select.select([listener, self._wake[0]], [], [])[0]
+            if listener in ready:
+                self.serve(listener)
+                return
+        except OSError:  # interrupted, or the wake pipe closed: no store was asked for
+            pass
         listener.close()
+
+    def stop_asking(self) -> None:
+        """End ``serve_when_asked``'s wait, if no rank has connected yet."""
+        with suppress(OSError):
+            os.write(self._wake[1], b"x")
 
     def _key(self, name: str) -> str:
         return PREFIX + name
@@ -369,6 +378,9 @@ class Board:
         """Stop beating; drop the clients and the server (node 0 stops serving)."""
         self._stop.set()
         self.client = self.server = None
+        for fd in self._wake:
+            with suppress(OSError):
+                os.close(fd)
 
 
 def _bounded(call: Callable[[], Any], timeout_s: float) -> Any:

@@ -170,7 +170,7 @@ def barrier(group: ProcessGroup | None = None, async_op: bool = False) -> Work |
     mark = world.spmd.key(_keys.BARRIER_MARK, group=pg.name, n=n, rank=world.rank)
     _arrivals.begin(world.store, mark)
     try:
-        return unless_told(f"barrier() #{n} on {pg.label}", pg.backend,
+        return unless_told(f"barrier() #{n} on {pg.label}", world, pg.backend,
                            lambda: ops.barrier(False))
     except DistributedTimeoutError as err:
         _arrivals.settle(world.store, mark)

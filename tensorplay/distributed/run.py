@@ -744,7 +744,6 @@ def launch(a: argparse.Namespace) -> int:
     board = _board(a) if a.serve_store else None
     job = Job(a, out, board if a.nnodes > 1 else None)
     serving: threading.Thread | None = None
-    no_store = threading.Event()  # set: a store nobody asked for need not be served
     with _signals_to(job.events):
         try:
             if board is not None and a.nnodes > 1:
@@ -757,7 +756,7 @@ def launch(a: argparse.Namespace) -> int:
                     return 1
                 board.watch(lambda v: job.events.put(("verdict", v)))
             elif board is not None:  # one node: serve once a rank asks
-                serving = threading.Thread(target=_serve, args=(board, job.events, no_store),
+                serving = threading.Thread(target=_serve, args=(board, job.events),
                                            name="tensorplay-run store")
                 serving.start()
             job.start()
@@ -777,8 +776,8 @@ def launch(a: argparse.Namespace) -> int:
             alive = [r for r, p in job.procs.items() if p.returncode is None]
             if alive:  # only on an unexpected error: never leave a child behind
                 _stop(job.procs, alive, a.stop_grace_s, job.events, lambda _event: None)
-            if serving is not None:
-                no_store.set()
+            if serving is not None and board is not None:
+                board.stop_asking()
                 serving.join()
             if board is not None:
                 board.close()
@@ -789,12 +788,12 @@ def launch(a: argparse.Namespace) -> int:
             out.close()
 
 
-def _serve(board: Board, events: Events, stop: threading.Event) -> None:
+def _serve(board: Board, events: Events) -> None:
     """One node: serve the job's store when a rank asks; when it cannot, stop the job."""
     from tensorplay.distributed._nodes import JoinError, Verdict
 
     try:
-        board.serve_when_asked(stop)
+        board.serve_when_asked()
     except JoinError as err:
         events.put(("verdict", Verdict("store", 0, str(err))))
 

@@ -95,7 +95,7 @@ class World:
         if ranks.index(self.rank) is not None:
             desc = f"mesh dim {kind}" if kind.startswith("'") else (kind or "new_group")
             engine_group = unless_told(
-                lambda: f"creating the group [{format_ranks(ranks.tolist())}] ({desc})",
+                lambda: f"creating the group [{format_ranks(ranks.tolist())}] ({desc})", self,
                 backend, lambda: self.engine.new_group(name, ranks, backend, self.timeout, desc))
             self.created += 1
         return self._register(ranks, backend, name, engine_group, kind)

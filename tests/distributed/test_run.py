@@ -145,6 +145,7 @@ def test_each_rank_sees_its_env_and_a_free_port(tmp_path):
         sock.bind(("127.0.0.1", port))
 
 
+@pytest.mark.slow  # two launchers meet in a store: each loads torch
 def test_second_node_gets_global_ranks(tmp_path):
     job = script(tmp_path, """
         keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"]
