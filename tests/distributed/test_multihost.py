@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -110,7 +111,7 @@ for step in range(100000):
         print(f"step {step}", flush=True)
     time.sleep(0.1)
 '''
-GRACE_S = 5  # TENSORPLAY_NODE_GRACE_S for these tests (default 10; bench/failover.py runs
+GRACE_S = 3  # TENSORPLAY_NODE_GRACE_S for these tests (default 10; bench/failover.py runs
 # the same faults with the defaults, against the 15 s goal)
 WITHIN_S = GRACE_S + 5  # every launcher has exited by then
 
@@ -141,6 +142,17 @@ def _exit_times(hosts: netns.Hosts, since: float, limit: float) -> list[float | 
     return took
 
 
+def _after_fault(hosts: netns.Hosts, tmp: Path, inject: Callable[[], None]
+                 ) -> tuple[list[float | None], list[str]]:
+    """Run LOOP_JOB on every host, ``inject()`` a fault once each made a few steps; return
+    each launcher's seconds from the fault to its exit (None: alive after 60 s) and its log."""
+    logs = _running_loop(hosts, tmp)
+    start = time.monotonic()
+    inject()
+    took = _exit_times(hosts, start, limit=60)
+    return took, [log.read_text(errors="replace") for log in logs]
+
+
 def _assert_clean(texts: list[str]) -> None:
     """An expected failure shows no C++ trace, abort or core dump."""
     for text in texts:
@@ -151,17 +163,16 @@ def _assert_clean(texts: list[str]) -> None:
 @pytest.mark.faults
 def test_a_frozen_host_has_its_ranks_killed_as_hung_and_both_launchers_stop(tmp_path):
     netns.require()
-    with netns.Hosts(2) as hosts:
-        logs = _running_loop(hosts, tmp_path)
-        launcher_b = hosts.procs[1].pid
-        ranks_b = [pid for pid in netns.descendants(launcher_b)
+
+    def freeze_host_b() -> None:
+        ranks_b = [pid for pid in netns.descendants(hosts.procs[1].pid)
                    if "tensorplay_rank_main" in Path(f"/proc/{pid}/cmdline").read_text()]
         assert len(ranks_b) == 2, ranks_b
-        frozen = time.monotonic()
         for pid in ranks_b:
             os.kill(pid, signal.SIGSTOP)
-        took = _exit_times(hosts, frozen, limit=60)
-        texts = [log.read_text(errors="replace") for log in logs]
+
+    with netns.Hosts(2) as hosts:
+        took, texts = _after_fault(hosts, tmp_path, freeze_host_b)
     assert all(t is not None and t < WITHIN_S for t in took), (took, texts)
     assert "tensorplay-run: rank 2 hung on host hostB: its process was stopped (SIGSTOP) for " \
         in texts[1], texts[1]
@@ -173,14 +184,15 @@ def test_a_frozen_host_has_its_ranks_killed_as_hung_and_both_launchers_stop(tmp_
 @pytest.mark.faults
 def test_the_host_serving_the_store_killed_stops_the_other_host_quickly(tmp_path):
     netns.require()
-    with netns.Hosts(2) as hosts:
-        logs = _running_loop(hosts, tmp_path)
+
+    def kill_host_a() -> None:
         launcher_a = hosts.procs[0].pid
-        killed = time.monotonic()
         for pid in [launcher_a, *netns.descendants(launcher_a)]:
             os.kill(pid, signal.SIGKILL)
-        took = _exit_times(hosts, killed, limit=60)
-        text = logs[1].read_text(errors="replace")
+
+    with netns.Hosts(2) as hosts:
+        took, texts = _after_fault(hosts, tmp_path, kill_host_a)
+    text = texts[1]
     assert took[1] is not None and took[1] < WITHIN_S, (took, text)
     assert hosts.procs[1].returncode not in (0, None)
     assert "RankFailedError" in text or "the job stopped because node 0 (hostA" in text, text
@@ -191,15 +203,11 @@ def test_the_host_serving_the_store_killed_stops_the_other_host_quickly(tmp_path
 def test_a_cut_link_among_three_hosts_stops_every_launcher_naming_it(tmp_path):
     netns.require()
     with netns.Hosts(3) as hosts:
-        logs = _running_loop(hosts, tmp_path)
-        cut = time.monotonic()
-        hosts.cut(3)
-        took = _exit_times(hosts, cut, limit=60)
-        texts = [log.read_text(errors="replace") for log in logs]
+        took, texts = _after_fault(hosts, tmp_path, lambda: hosts.cut(3))
     assert all(t is not None and t < WITHIN_S for t in took), (took, texts)
     for text in texts[:2]:  # hosts A and B: node 0 posted the verdict, B read it
         assert ("the job stopped because node 2 (hostC, ranks 4-5) went silent: no heartbeat "
                 "for ") in text, text
-        assert "(limit 5 s, --node-grace-s)" in text  # TENSORPLAY_NODE_GRACE_S=5
+        assert "(limit 3 s, --node-grace-s)" in text  # TENSORPLAY_NODE_GRACE_S=3
     assert "the job stopped because node 0 (hostA, ranks 0-1), which serves" in texts[2]
     _assert_clean(texts)

@@ -212,6 +212,21 @@ def test_verdicts_travel_as_json():
     assert _nodes.Node(2, "hostC", 1, 3).name() == "node 2 (hostC, rank 2)"
 
 
+def _node_1_frozen_while_node_0_waits(tmp: Path, source: str) -> tuple[int | None, str]:
+    """Two nodes of 2 ranks run ``source``; once every rank printed "up", node 1 (launcher
+    and ranks) is frozen. Returns node 0's exit code and output (grace 3 s)."""
+    script = tmp / "job.py"
+    script.write_text(source)
+    with Nodes(tmp, 2, "--nproc-per-node", "2", "--node-grace-s", "3") as nodes:
+        a, b = nodes.start(0, script), nodes.start(1, script)
+        deadline = time.monotonic() + 90
+        while nodes.text(0).count("up") + nodes.text(1).count("up") < 4:
+            assert time.monotonic() < deadline, (nodes.text(0), nodes.text(1))
+            time.sleep(0.1)
+        os.killpg(b.pid, signal.SIGSTOP)
+        return nodes.wait(a, 30), nodes.text(0)
+
+
 WAITS_IN_A_CHECK = '''
 import os, time
 import tensorplay.distributed as dist
@@ -228,17 +243,7 @@ init_device_mesh("cpu", (2, 2))
 @pytest.mark.slow  # starts launchers that load torch
 @pytest.mark.faults
 def test_ranks_waiting_in_a_cross_rank_check_raise_naming_the_lost_node(tmp_path):
-    script = tmp_path / "check.py"
-    script.write_text(WAITS_IN_A_CHECK)
-    with Nodes(tmp_path, 2, "--nproc-per-node", "2", "--node-grace-s", "3") as nodes:
-        a, b = nodes.start(0, script), nodes.start(1, script)
-        deadline = time.monotonic() + 90
-        while nodes.text(0).count("up") + nodes.text(1).count("up") < 4:
-            assert time.monotonic() < deadline, (nodes.text(0), nodes.text(1))
-            time.sleep(0.1)
-        os.killpg(b.pid, signal.SIGSTOP)
-        code = nodes.wait(a, 30)
-        text = nodes.text(0)
+    code, text = _node_1_frozen_while_node_0_waits(tmp_path, WAITS_IN_A_CHECK)
     assert code == 1, text
     assert ("RankFailedError: init_device_mesh() (cross-rank check #1) failed: node 1 (" in text
             and ", ranks 2-3) went silent: no heartbeat for " in text), text
@@ -262,17 +267,7 @@ else:
 @pytest.mark.slow  # starts launchers that load torch
 @pytest.mark.faults
 def test_ranks_blocked_in_gloo_barrier_or_group_creation_raise_naming_the_lost_node(tmp_path):
-    script = tmp_path / "blocked.py"
-    script.write_text(WAITS_IN_GLOO)
-    with Nodes(tmp_path, 2, "--nproc-per-node", "2", "--node-grace-s", "3") as nodes:
-        a, b = nodes.start(0, script), nodes.start(1, script)
-        deadline = time.monotonic() + 90
-        while nodes.text(0).count("up") + nodes.text(1).count("up") < 4:
-            assert time.monotonic() < deadline, (nodes.text(0), nodes.text(1))
-            time.sleep(0.1)
-        os.killpg(b.pid, signal.SIGSTOP)
-        code = nodes.wait(a, 30)
-        text = nodes.text(0)
+    code, text = _node_1_frozen_while_node_0_waits(tmp_path, WAITS_IN_GLOO)
     assert code == 1, text
     assert ("RankFailedError: barrier() #1 on the world group [0-3] failed: node 1 (" in text
             and "ranks 2-3) went silent: no heartbeat for " in text), text

@@ -44,7 +44,7 @@ def _train(rank: int) -> dict[str, object]:
 
 
 def test_a_killed_rank_leaves_a_smaller_mesh_that_keeps_reducing():
-    results = spawn.run(_train, 4, timeout=120, pg_timeout=5, expect_errors=True)
+    results = spawn.run(_train, 4, timeout=120, pg_timeout=3, expect_errors=True)
     assert results[3] is spawn.NO_ANSWER or getattr(results[3], "kind", "") == "NoAnswer"
     for rank in (0, 1, 2):
         got = results[rank]

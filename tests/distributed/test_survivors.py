@@ -35,7 +35,7 @@ def _rounds(rank: int, port: int) -> dict[str, object]:
         attempt("one lost", {3} if rank in (2, 4) else (), wait_s=5)
     attempt("none lost", {2} if rank == 1 else (), wait_s=5)  # 2 is alive after all
     if rank == 4:
-        time.sleep(3)
+        time.sleep(2)
     attempt("late", wait_s=1)
     if rank < 2:
         attempt("no majority", timeout_s=2)
