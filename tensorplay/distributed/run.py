@@ -806,8 +806,21 @@ def _leave(job: Job, code: int) -> int:
     if job.a.node_rank != 0:
         board.beat_done()
         return code
-    if board.await_others() or code:
+    signals: list[int] = []
+
+    def interrupted() -> bool:  # SIGINT/SIGTERM while node 0 serves the others' store
+        with suppress(queue.Empty):
+            event = job.events.get_nowait()
+            if event[0] == "signal":
+                signals.append(event[1])
+        return bool(signals)
+
+    if board.await_others(interrupted) or code:
         return code
+    if signals:
+        job.out.say(f"got {signal.Signals(signals[0]).name} while the other nodes still used "
+                    f"the store this node serves; stopped serving it.")
+        return 128 + signals[0]
     if board.verdict is not None:
         job.out.say(f"the job stopped because {board.verdict.text}.")
     return 1

@@ -177,8 +177,11 @@ def test_a_failure_on_one_node_stops_the_other_nodes_ranks(tmp_path):
         texts = [nodes.text(0), nodes.text(1)]
     assert codes == [1, 3], texts
     assert "rank 3 failed first (exit code 3); stopped rank 2." in texts[1]
-    assert "ranks 0-1 had not finished their script (stopped)." in texts[0], texts[0]
-    assert "tensorplay-run: the job stopped because node 1 (" in texts[0]
+    if "up" in texts[0]:  # node 0 had started its ranks when node 1's verdict came
+        assert "ranks 0-1 had not finished their script (stopped)." in texts[0], texts[0]
+        assert "tensorplay-run: the job stopped because node 1 (" in texts[0]
+    else:  # rank 3 failed so fast that node 0 was still meeting the others: no rank started
+        assert "tensorplay-run: error: node 1 (" in texts[0], texts[0]
     assert ") failed: rank 3: exit code 3." in texts[0]
 
 
@@ -273,3 +276,28 @@ def test_ranks_blocked_in_gloo_barrier_or_group_creation_raise_naming_the_lost_n
             and "ranks 2-3) went silent: no heartbeat for " in text), text
     assert ("RankFailedError: creating the group [1, 3] (new_group) failed: node 1 (" in text)
     assert "Exception raised from" not in text and "terminate called" not in text
+
+
+@pytest.mark.slow  # starts launchers that load torch
+def test_node_0_serves_the_others_after_its_ranks_end_and_ctrl_c_still_stops_it(tmp_path):
+    script = job(tmp_path, """
+        print('up', flush=True)
+        if RANK >= 1:
+            time.sleep(60)
+    """)
+    with Nodes(tmp_path, 2, "--nproc-per-node", "1") as nodes:
+        a, b = nodes.start(0, script), nodes.start(1, script)
+        deadline = time.monotonic() + 60
+        while nodes.text(0).count("up") + nodes.text(1).count("up") < 2:
+            assert time.monotonic() < deadline, (nodes.text(0), nodes.text(1))
+            time.sleep(0.1)
+        time.sleep(1.0)  # node 0's rank has ended; its launcher serves node 1's store
+        assert a.poll() is None, nodes.text(0)
+        a.send_signal(signal.SIGINT)
+        code = nodes.wait(a, 20)
+        code_b = nodes.wait(b, 30)
+        texts = [nodes.text(0), nodes.text(1)]
+    assert code == 130, texts
+    assert ("tensorplay-run: got SIGINT while the other nodes still used the store this node "
+            "serves; stopped serving it.") in texts[0]
+    assert code_b == 1 and "which serves the job's store at 127.0.0.1:" in texts[1], texts[1]
