@@ -54,6 +54,13 @@ class Nodes:
     def text(self, i: int) -> str:
         return self.logs[i].read_text(errors="replace")
 
+    def await_up(self, ranks: int, within_s: float) -> None:
+        """Return once ``ranks`` ranks in all have printed "up" (fail after ``within_s``)."""
+        deadline = time.monotonic() + within_s
+        while sum(self.text(i).count("up") for i in range(len(self.logs))) < ranks:
+            assert time.monotonic() < deadline, [self.text(i) for i in range(len(self.logs))]
+            time.sleep(0.1)
+
     def __enter__(self) -> Nodes:
         return self
 
@@ -140,10 +147,7 @@ def test_a_frozen_node_is_declared_lost_and_the_other_node_stops_in_grace_plus_5
     script = job(tmp_path, "print('up', flush=True)\ntime.sleep(120)\n")
     with Nodes(tmp_path, 2, "--nproc-per-node", "2", "--node-grace-s", "3") as nodes:
         a, b = nodes.start(0, script), nodes.start(1, script)
-        deadline = time.monotonic() + 60
-        while nodes.text(0).count("up") + nodes.text(1).count("up") < 4:
-            assert time.monotonic() < deadline, (nodes.text(0), nodes.text(1))
-            time.sleep(0.1)
+        nodes.await_up(4, within_s=60)
         os.killpg(b.pid, signal.SIGSTOP)  # node 1: its launcher and its ranks
         frozen = time.monotonic()
         code = nodes.wait(a, 30)
@@ -222,10 +226,7 @@ def _node_1_frozen_while_node_0_waits(tmp: Path, source: str) -> tuple[int | Non
     script.write_text(source)
     with Nodes(tmp, 2, "--nproc-per-node", "2", "--node-grace-s", "3") as nodes:
         a, b = nodes.start(0, script), nodes.start(1, script)
-        deadline = time.monotonic() + 90
-        while nodes.text(0).count("up") + nodes.text(1).count("up") < 4:
-            assert time.monotonic() < deadline, (nodes.text(0), nodes.text(1))
-            time.sleep(0.1)
+        nodes.await_up(4, within_s=90)
         os.killpg(b.pid, signal.SIGSTOP)
         return nodes.wait(a, 30), nodes.text(0)
 
@@ -287,10 +288,7 @@ def test_node_0_serves_the_others_after_its_ranks_end_and_ctrl_c_still_stops_it(
     """)
     with Nodes(tmp_path, 2, "--nproc-per-node", "1") as nodes:
         a, b = nodes.start(0, script), nodes.start(1, script)
-        deadline = time.monotonic() + 60
-        while nodes.text(0).count("up") + nodes.text(1).count("up") < 2:
-            assert time.monotonic() < deadline, (nodes.text(0), nodes.text(1))
-            time.sleep(0.1)
+        nodes.await_up(2, within_s=60)
         time.sleep(1.0)  # node 0's rank has ended; its launcher serves node 1's store
         assert a.poll() is None, nodes.text(0)
         a.send_signal(signal.SIGINT)
