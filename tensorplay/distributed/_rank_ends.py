@@ -11,8 +11,9 @@ and when), the exit status, and whether the launcher itself stopped it. From the
 - ``stopped``: still in its script when the launcher stopped it;
 - ``ok``.
 
-The cause is the failed rank that failed first in time; ranks that failed alike (the same error
-once pids and addresses are blanked, or the same status) are named together. Only when no
+The cause is the failed rank that failed first in time (a RankFailedError, raised because a peer
+died, only when nothing else failed); ranks that failed alike (the same error once pids and
+addresses are blanked, or the same status) are named together. Only when no
 script failed are the ranks that died after finishing the cause. Worked examples::
 
     rank 1 failed first (exit code 3); stopped ranks 0, 2-3
@@ -141,6 +142,12 @@ class RankEnd:
         rep = self.word()
         return int(rep.get("code", 1)) if rep is not None else self.status()
 
+    def consequence(self) -> bool:
+        """Whether it failed because a peer died (our RankFailedError): another rank's
+        failure caused it."""
+        what = self.what()
+        return bool(what) and what.startswith("RankFailedError")
+
     def alike_key(self) -> tuple[str | None, int]:
         """Equal for ranks that failed the same way."""
         what = self.what()
@@ -157,9 +164,17 @@ def _their(ranks: list[int]) -> str:
     return "its" if len(ranks) == 1 else "their"
 
 
+def first_failure(failed: list[RankEnd]) -> RankEnd:
+    """The cause among failed ranks: the earliest, but a RankFailedError (raised because a
+    peer died) only when nothing else failed, since it is a consequence. The launcher sees a
+    SIGKILLed rank's exit when its waiter thread runs, which can be after a peer reported the
+    RankFailedError that the death caused."""
+    return min(failed, key=lambda e: (e.consequence(), e.when(), e.rank))
+
+
 def _cause(failed: list[RankEnd], n_ranks: int, node_ranks: str) -> tuple[list[str], int]:
     """The clauses about failed scripts: the first (with those that failed alike), the rest."""
-    first = min(failed, key=lambda e: (e.when(), e.rank))
+    first = first_failure(failed)
     alike = [e.rank for e in failed if e.alike_key() == first.alike_key()]
     what = first.what()
     # a group is worded by the code its scripts chose: some may have been stopped while exiting

@@ -46,6 +46,7 @@ from tensorplay.distributed._rank_ends import (
     RankEnd,
     blank_varying,
     describe,
+    first_failure,
     ranks_phrase,
     shorten,
     summarize,
@@ -612,9 +613,10 @@ class Job:
                     running.discard(event[1])
                 if failed_at is None and self.failing(event[1]):
                     failed_at = time.monotonic()
-                    self.tell_others()
             if failed_at is None:
                 failed_at = self.kill_hung(running) or failed_at
+        if failed_at is not None:  # after --settle-s: the cause it names is the summary's
+            self.tell_others()
         self.stop(running, fast)
         return None
 
@@ -629,15 +631,13 @@ class Job:
             text = f"hung on host {_env_hostname()}: {why}; {PROG} killed it"
             self.out.say(f"rank {rank} {text}.")
             self.ends[rank].report = {"event": "hung", "t": now, "code": 1, "what": text}
-        self.tell_others()
         return now
 
     def tell_others(self) -> None:
         """This node's job failed: post it, so every other node stops its ranks too."""
         if self.board is None or self.board.verdict is not None:
             return
-        first = min((e for e in self.ends.values() if self.failing(e.rank)),
-                    key=lambda e: (e.when(), e.rank))
+        first = first_failure([e for e in self.ends.values() if self.failing(e.rank)])
         what = first.what() or describe(first.chosen() if first.report else first.code or 1)
         self.board.post("failed", f"node {self.a.node_rank} ({_env_hostname()}) failed: rank "
                                   f"{first.rank}: {shorten(what)}")
@@ -689,7 +689,8 @@ class Job:
             return 0
         several_nodes = self.a.nnodes > 1
         text, code = summarize(ends, node_ranks="ranks on this node" if several_nodes else "ranks")
-        failed = sorted((e for e in ends if e.kind() == "failed"), key=lambda e: (e.when(), e.rank))
+        failed = sorted((e for e in ends if e.kind() == "failed"),
+                        key=lambda e: (e.consequence(), e.when(), e.rank))
         order = [e.rank for e in failed] + [e.rank for e in ends if e.kind() != "failed"]
         if failed:
             self.out.show_tail(failed[0].rank)

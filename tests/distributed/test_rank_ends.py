@@ -99,3 +99,15 @@ def test_shorten_drops_the_fix_and_cuts_at_a_word():
     assert shorten("E: timed out. Fix: raise the limit.") == "E: timed out"
     long = shorten("E: " + "word " * 100)
     assert long.endswith("word ...") and len(long) <= 244
+
+
+def test_a_rank_failed_error_is_the_cause_only_when_nothing_else_failed():
+    # rank 5's SIGKILL was seen after rank 4 reported the RankFailedError it caused
+    killed = RankEnd(5, None, -9, exit_t=10.3)
+    told = RankEnd(4, {"event": "raised", "t": 10.1, "code": 1,
+                       "what": "RankFailedError: all_reduce() failed: rank 5 died"}, 1, 10.2)
+    text, code = summarize([told, killed])
+    assert text == ("rank 5 failed first (killed by signal SIGKILL); then rank 4 failed too.")
+    assert code == 137
+    text, _ = summarize([told, RankEnd(6, None, 0, exit_t=11.0)])  # only a consequence
+    assert text.startswith("rank 4 failed first (exit code 1): RankFailedError: ")
