@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import random
 import socket
 import struct
+import time
 from dataclasses import dataclass
 
 _SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
@@ -103,3 +105,25 @@ def refuses(host: str, port: int, timeout_s: float = 0.5) -> bool:
     except OSError:
         return False
     return False
+
+
+def await_listener(host: str, port: int, deadline: float) -> str | None:
+    """Probe ``host:port`` with plain connects until one succeeds (None) or ``deadline``
+    passes (the last error, e.g. 'Connection refused').
+
+    A TCPStore client refused by a server that is not listening yet backs off (250-420 ms
+    measured with torch 2.13) and logs each failed try with a C++ trace; probing with short,
+    growing pauses (2 ms to 250 ms, jittered) meets the server within milliseconds, so torch's
+    client only ever meets a listening store.
+    """
+    pause = 0.002
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=min(max(left, 0.05), 1.0)):
+                return None
+        except OSError as err:
+            if left <= 0:
+                return err.strerror or str(err)
+            time.sleep(min(pause * (0.5 + random.random()), max(left, 0.0)))
+            pause = min(pause * 2, 0.25)

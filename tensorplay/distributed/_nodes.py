@@ -165,7 +165,7 @@ class Board:
         deadline = time.monotonic() + self.join_timeout_s
         if self.index == 0 and self.server is None:
             self.serve()
-        problem = _await_listener(self.addr, self.port, deadline)
+        problem = _netif.await_listener(self.addr, self.port, deadline)
         try:
             if problem is not None:
                 raise OSError(problem)
@@ -293,7 +293,7 @@ class Board:
         def beat() -> tuple[dict[int, int], Verdict | None]:
             nonlocal client
             if client is None:
-                problem = _await_listener(self.addr, self.port, time.monotonic() + CALL_S)
+                problem = _netif.await_listener(self.addr, self.port, time.monotonic() + CALL_S)
                 if problem is not None:
                     raise OSError(problem)
                 client = self._connect(CALL_S)
@@ -408,23 +408,6 @@ def _bounded(call: Callable[[], Any], timeout_s: float) -> Any:
     if "error" in box:
         raise box["error"]
     return box.get("value")
-
-
-def _await_listener(host: str, port: int, deadline: float) -> str | None:
-    """Probe ``host:port`` with plain connects until one succeeds (None) or ``deadline``
-    passes (the last error, e.g. 'Connection refused'), so torch's client, which logs each
-    failed try with a C++ trace, only ever meets a listening store."""
-    problem = "not tried"
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            with socket.create_connection((host, port), timeout=min(max(left, 0.05), 1.0)):
-                return None
-        except OSError as err:
-            problem = err.strerror or str(err)
-        if left <= 0:
-            return problem
-        time.sleep(min(0.1, max(left, 0.0)))
 
 
 def _said(err: BaseException) -> str:

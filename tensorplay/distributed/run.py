@@ -40,7 +40,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from tensorplay.distributed import _hangs, _rank_main, backends
+from tensorplay.distributed import _env, _hangs, _rank_main, backends
 from tensorplay.distributed._failures import VERDICT_FILE
 from tensorplay.distributed._rank_ends import (
     RankEnd,
@@ -628,7 +628,7 @@ class Job:
         now = time.monotonic()
         for rank, why in sorted(hung.items()):
             _signal_groups(self.procs, [rank], signal.SIGKILL)
-            text = f"hung on host {_env_hostname()}: {why}; {PROG} killed it"
+            text = f"hung on host {_env.hostname()}: {why}; {PROG} killed it"
             self.out.say(f"rank {rank} {text}.")
             self.ends[rank].report = {"event": "hung", "t": now, "code": 1, "what": text}
         return now
@@ -639,7 +639,7 @@ class Job:
             return
         first = first_failure([e for e in self.ends.values() if self.failing(e.rank)])
         what = first.what() or describe(first.chosen() if first.report else first.code or 1)
-        self.board.post("failed", f"node {self.a.node_rank} ({_env_hostname()}) failed: rank "
+        self.board.post("failed", f"node {self.a.node_rank} ({_env.hostname()}) failed: rank "
                                   f"{first.rank}: {shorten(what)}")
 
     def tell_ranks(self, verdict: Verdict) -> None:
@@ -701,10 +701,6 @@ class Job:
         return code
 
 
-def _env_hostname() -> str:
-    return socket.gethostname()
-
-
 @contextmanager
 def _signals_to(events: Events):
     """While active, SIGINT/SIGTERM to the launcher become events (SimpleQueue is reentrant)."""
@@ -724,7 +720,7 @@ def _board(a: argparse.Namespace) -> Board:
     from tensorplay.distributed._nodes import Board
 
     return Board(nnodes=a.nnodes, node_rank=a.node_rank, nproc=a.nproc_per_node,
-                 host=_env_hostname(), addr=a.master_addr, port=a.master_port,
+                 host=_env.hostname(), addr=a.master_addr, port=a.master_port,
                  grace_s=a.node_grace_s, join_timeout_s=a.join_timeout_s)
 
 

@@ -156,7 +156,7 @@ def test_a_client_waits_for_rank_0_to_listen_then_returns():
     import socket
     import threading
 
-    from tensorplay.distributed.backends import torch_c10d
+    from tensorplay.distributed import _netif
 
     port = spawn.free_port()
     listening = threading.Event()
@@ -169,15 +169,15 @@ def test_a_client_waits_for_rank_0_to_listen_then_returns():
         server.close()
 
     threading.Thread(target=listen_later, daemon=True).start()
-    torch_c10d._await_listener("127.0.0.1", port, time.monotonic() + 20)
+    _netif.await_listener("127.0.0.1", port, time.monotonic() + 20)
     assert listening.is_set()
 
 
 def test_with_nobody_listening_the_probe_gives_up_at_its_deadline():
-    from tensorplay.distributed.backends import torch_c10d
+    from tensorplay.distributed import _netif
 
     start = time.monotonic()
-    torch_c10d._await_listener("127.0.0.1", spawn.free_port(), start + 0.5)
+    _netif.await_listener("127.0.0.1", spawn.free_port(), start + 0.5)
     assert 0.5 <= time.monotonic() - start < 10
 
 

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
-import socket
 import time
 from collections.abc import Iterable
 from datetime import timedelta
@@ -69,7 +67,7 @@ def make_tcp_store(
     prefix = _keys.world_prefix(_keys.next_world())
     attempt = _env.agent_store_attempt()
     if attempt is not None:
-        _await_listener(host, port, time.monotonic() + timeout.total_seconds())
+        _netif.await_listener(host, port, time.monotonic() + timeout.total_seconds())
         client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
         return dist.PrefixStore(f"tensorplay/attempt_{attempt}/{prefix}", client)
     if rank != 0:
@@ -102,7 +100,7 @@ def _join_opened_world(
     deadline = time.monotonic() + timeout.total_seconds()
     answered = False
     while True:
-        _await_listener(host, port, deadline)
+        _netif.await_listener(host, port, deadline)  # the client says what went wrong
         left = timedelta(seconds=max(deadline - time.monotonic(), 0.001))
         try:
             client = dist.TCPStore(host, port, world_size, False, timeout=left)
@@ -126,27 +124,6 @@ def _join_opened_world(
         f"{_keys.worlds_started()}; every rank must call init_process_group the same number "
         f"of times"
     )
-
-
-def _await_listener(host: str, port: int, deadline: float) -> None:
-    """Return once ``host:port`` accepts connections, or at ``deadline``.
-
-    A TCPStore client refused by a server that is not listening yet backs off (250-420 ms
-    measured with torch 2.13), most of a job's start when every rank starts at once; probing
-    with short, growing pauses (2 ms to 250 ms, jittered) meets rank 0's server within
-    milliseconds.
-    """
-    pause = 0.002
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            with socket.create_connection((host, port), timeout=min(max(left, 0.05), 1.0)):
-                return
-        except OSError:
-            if left <= 0:
-                return  # the TCPStore client says what went wrong
-            time.sleep(min(pause * (0.5 + random.random()), max(left, 0.0)))
-            pause = min(pause * 2, 0.25)
 
 
 def start(
