@@ -38,6 +38,7 @@ from .errors import (
     NotInitializedError,
     RankFailedError,
     ShrinkError,
+    StaleEpochError,
     UnknownDimError,
 )
 from .process_group import ProcessGroup, ReduceOp, Work
@@ -53,9 +54,9 @@ from .world import (
 )
 
 if TYPE_CHECKING:  # what an IDE and a type checker see; loaded on first use below
-    from .device_mesh import DeviceMesh, init_device_mesh
+    from .device_mesh import DeviceMesh, init_device_mesh, sync_replicas
 
-_MESH = ("DeviceMesh", "init_device_mesh")
+_MESH = ("DeviceMesh", "init_device_mesh", "sync_replicas")
 
 
 def __getattr__(name: str):
@@ -79,9 +80,9 @@ __all__ = [
     "AlreadyInitializedError", "ArgumentError", "ArgumentTypeError", "BackendError",
     "CallMismatchError", "DeviceMesh", "DistributedError", "DistributedTimeoutError",
     "LaunchEnvError", "MeshMismatchError", "NotAMemberError", "NotInitializedError", "ProcessGroup",
-    "RankFailedError", "ReduceOp", "ShrinkError", "UnknownDimError", "Work",
+    "RankFailedError", "ReduceOp", "ShrinkError", "StaleEpochError", "UnknownDimError", "Work",
     "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all_single", "barrier",
     "broadcast", "destroy_process_group", "gather", "get_backend", "get_process_group_ranks",
     "get_rank", "get_world_size", "init_device_mesh", "init_process_group", "is_initialized",
-    "new_group", "recv", "reduce", "reduce_scatter_tensor", "scatter", "send",
+    "new_group", "recv", "reduce", "reduce_scatter_tensor", "scatter", "send", "sync_replicas",
 ]

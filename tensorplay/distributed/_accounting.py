@@ -58,7 +58,7 @@ def check_at_end(world: World) -> None:
     """
     if world.simulated or world.size == 1:
         return
-    mine = [g for g in world.groups() if g.is_member and g.size() > 1]
+    mine = [g for g in world.groups() if g.is_member and g.size() > 1 and not g.retired]
     if world.store is None:
         _check_by_gather(world, mine)
         return
@@ -95,9 +95,10 @@ def _leave(world: World, grace: float) -> None:
     """Mark this rank done with the store; rank 0, whose process serves it (env://, tcp://),
     lingers until every rank is done or ``grace`` is over, so no rank's last read meets a
     closed server."""
-    keys = [world.spmd.key(_keys.LEFT, rank=r) for r in range(world.size)]
+    ranks = range(world.size) if world.present is None else world.present
+    keys = [world.spmd.key(_keys.LEFT, rank=r) for r in ranks]
     with suppress(RuntimeError, OSError):
-        world.store.set(keys[world.rank], "1")
+        world.store.set(world.spmd.key(_keys.LEFT, rank=world.rank), "1")
         if world.rank == 0:
             deadline = time.monotonic() + grace + 1.0
             while _arrivals.unset(world.store, keys) and time.monotonic() < deadline:

@@ -208,6 +208,12 @@ class Engine(Protocol):
         engine must not list them: a group may hold a million ranks)."""
         ...
 
+    def close_group(self, engine_group: Any) -> None:
+        """Tear one engine group down now, closing its connections, so that peers blocked on
+        this rank in it fail at once instead of waiting out their timeout (an elastic mesh's
+        recovery closes every group of the failed epoch). Never waits on a peer."""
+        ...
+
     def ops(
         self, engine_group: Any, group: ProcessGroup,
         failed: Callable[[BaseException, str], Exception],

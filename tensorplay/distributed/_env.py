@@ -48,6 +48,7 @@ TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 TENSORPLAY_LAUNCHER = "TENSORPLAY_LAUNCHER"
 TENSORPLAY_TIMEOUT = "TENSORPLAY_TIMEOUT"
 TENSORPLAY_HOSTNAME = "TENSORPLAY_HOSTNAME"
+TENSORPLAY_RESTART_COUNT = "TENSORPLAY_RESTART_COUNT"  # set by tensorplay-run's elastic mode
 
 SLURM_PROCID = "SLURM_PROCID"
 SLURM_LOCALID = "SLURM_LOCALID"
@@ -487,3 +488,11 @@ def agent_store_attempt(environ: Mapping[str, str] | None = None) -> int | None:
         return None
     restarts = _get(env, TORCHELASTIC_RESTART_COUNT)
     return 0 if restarts is None else _as_int(TORCHELASTIC_RESTART_COUNT, restarts, 0)
+
+
+def rank_restart_count(environ: Mapping[str, str] | None = None) -> int:
+    """How many times tensorplay-run's elastic mode restarted this one rank (0: it started
+    with the job). A restarted rank joins the running job's elastic mesh instead of starting
+    one (torchrun restarts the whole world instead: TORCHELASTIC_RESTART_COUNT)."""
+    raw = _get(_environ(environ), TENSORPLAY_RESTART_COUNT)
+    return 0 if raw is None else _as_int(TENSORPLAY_RESTART_COUNT, raw, 0)

@@ -47,6 +47,17 @@ FIX_FAILED = (
     "kill, a signal) and fix that; then restart the whole job (a world with a dead rank "
     "cannot be repaired)."
 )
+FIX_ELASTIC = (
+    "Fix: on an elastic mesh, call mesh = mesh.recover(err) on every survivor; it agrees on "
+    "the lost ranks and goes on without them."
+)
+
+
+def fix_failed(world: World) -> str:
+    """The advice after a lost rank: restart the job, or recover an elastic mesh."""
+    return FIX_ELASTIC if world.elastic is not None else FIX_FAILED
+
+
 FIX_LATE = (
     "Fix: make this rank reach the call sooner (is it doing extra work or stuck before it?), "
     "or raise the limit with init_process_group(timeout=...) or TENSORPLAY_TIMEOUT; then "
@@ -100,7 +111,9 @@ def collective_error(world: World, err: BaseException, what: str,
     kind = world.engine.classify(err)
     said = engine_said(err)
     where = f"{what} on {group.label}"
-    if kind in ("peer_lost", "timeout"):  # peers that finished left this call waiting?
+    # peers that finished left this call waiting? A call count that differs says so (not on
+    # an elastic mesh: there a loss is expected, and recovered)
+    if kind in ("peer_lost", "timeout") and world.elastic is None:
         stray = _accounting.check_after_failure(world, group)
         if stray is not None:
             return stray
@@ -160,7 +173,7 @@ def diagnose(
         parts = [f"{step} failed: {gone} died (no longer running on {where})"]
         if never:
             parts.append(never)
-        return RankFailedError("; ".join(parts) + f".{said} {FIX_FAILED}",
+        return RankFailedError("; ".join(parts) + f".{said} {fix_failed(world)}",
                                ranks=[r for r, _, _ in dead])
     if store_gone is not None:
         return store_gone
@@ -178,7 +191,8 @@ def diagnose(
         parts.append(never)
     elif world.engine.capabilities.has_store:  # else the engine said who it lost
         parts.append("no rank on this host died, so a rank on another host probably did")
-    return RankFailedError("; ".join(parts) + f".{said} {FIX_FAILED}", ranks=missing or None)
+    return RankFailedError("; ".join(parts) + f".{said} {fix_failed(world)}",
+                           ranks=missing or None)
 
 
 @contextmanager

@@ -38,6 +38,12 @@ CALLS = "calls/{group}/{rank}"  # a member's count of collective calls, posted a
 LEFT = "left/{rank}"  # a rank is done with the store (rank 0 waits for these before it closes)
 STRICT_CALL = "strict/{group}/{n}/{rank}"  # a member's call #n, in words (strict mode)
 
+# -- elastic keys: the chain of epochs (``_elastic``), per world but across epochs ------------
+ELASTIC_NEXT = "elastic/e{epoch}/next"  # what follows epoch k: its mesh, or the end (JSON)
+ELASTIC_POLL = "elastic/e{epoch}/poll/{n}"  # the members' n-th grow() poll in epoch k: decided
+ELASTIC_WANT = "elastic/want/{rank}"  # a rank waiting to join: "<token>" (a replacement, a spare)
+ELASTIC_LOST = "elastic/lost/{rank}"  # the launcher saw this rank's process die: "<pid>"
+
 _worlds_started = 0  # worlds this process has started: the k of their key prefix
 
 
@@ -84,9 +90,10 @@ class Spmd:
         """A copy of every counter: {kind: calls so far}."""
         return dict(self._counts)
 
-    def open_epoch(self) -> int:
-        """Start the next epoch with every counter at zero; returns its number."""
-        self.epoch += 1
+    def open_epoch(self, epoch: int | None = None) -> int:
+        """Start the next epoch (or ``epoch``, for a rank joining a running job) with every
+        counter at zero; returns its number."""
+        self.epoch = self.epoch + 1 if epoch is None else epoch
         self._counts.clear()
         return self.epoch
 

@@ -160,6 +160,24 @@ def mesh_dim(value: object, names: tuple[str, ...] | None, ndim: int, arg: str =
     return index % ndim
 
 
+def elastic(value: object, minimum: object, names: tuple[str, ...] | None,
+            shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """(dim index, minimum) of init_device_mesh's ``elastic`` and ``elastic_min``; None when
+    the mesh is not elastic. The minimum counts slices of that dim: 1..its size."""
+    if value is None:
+        if minimum != 1:
+            raise bad_argument("elastic_min", minimum, "is set but elastic is not",
+                               "pass elastic='dp' (the replica dim) too, or drop elastic_min")
+        return None
+    dim = mesh_dim(value, names, len(shape), "elastic")
+    if isinstance(minimum, bool) or not isinstance(minimum, numbers.Integral):
+        raise bad_type("elastic_min", minimum, "int", "pass e.g. elastic_min=1")
+    if not 1 <= int(minimum) <= shape[dim]:
+        raise bad_argument("elastic_min", minimum, f"must be in 1..{shape[dim]} (the size of "
+                           f"the elastic dim)", "pass the fewest replicas the job may train on")
+    return dim, int(minimum)
+
+
 def slice_names(value: object) -> tuple[str, ...]:
     """The names of mesh[...]: one str or a non-empty tuple of distinct str."""
     names = (value,) if isinstance(value, str) else value

@@ -1,55 +1,150 @@
-"""A mesh that goes on without its lost ranks: agree, open a new epoch, shrink, make new groups.
+"""An elastic mesh changes shape: recover (shrink after a loss), grow (admit waiting ranks),
+join (a restarted rank's first mesh). Each ends in ``_enter``: a new epoch, new groups.
 
-The core of elastic recovery (issue "Keep training when ranks die"; not public API yet: the
-launcher's elastic mode, growing back and the world-wide calls that still count the lost ranks
-are to come). After a RankFailedError (or a timeout) every survivor calls ``shrink_mesh``:
+recover, on every survivor after a RankFailedError (or a timeout):
 
-1. ``_survivors.agree_lost``: the same lost ranks on every survivor, decided once in the store;
-2. ``World.open_epoch()``: fresh store keys and group names, nothing of the failed epoch used;
-3. ``_shrink.shrink``: the slices of the elastic dim holding a lost rank removed;
-4. new groups for the new mesh, made by their members only (no lost rank is asked to join),
-   so gloo needs no abort of the broken groups: they are simply never used again.
+1. close every group of the failed epoch now (``World.close_epoch``): a peer blocked on this
+   rank in one of them fails at once ("Connection closed by peer") and comes to the recovery
+   too, instead of waiting out its timeout (a rank in a "dp" group with a survivor of the
+   broken "tp" row would otherwise wait for ever);
+2. ``_survivors.agree_lost``: the same lost ranks on every survivor, decided once in the store;
+3. ``_shrink.shrink``: the slices of the elastic dim holding a lost rank removed (below the
+   minimum: ShrinkError on every survivor, and the job's end written for ranks waiting);
+4. the shrunk mesh written as what follows this epoch (``_elastic.next_of``), then entered.
 
-Worked example, 4 gloo ranks, (2, 2) named ("dp", "tp"), rank 3 SIGKILLed: ranks 0-2 agree on
-[3]; the new mesh is (1, 2) holding [0, 1] with tp group [0, 1] of epoch 1; rank 2 is a spare
-(its mesh's get_coordinate() is None).
+Worked example, 8 gloo ranks, (2, 4) named ("dp", "tp"), elastic "dp", rank 5 SIGKILLed:
+ranks 4, 6, 7 (its "tp" row) and 1 (its "dp" pair) fail at once and close their groups; 0, 2
+and 3, blocked in "dp" reductions with 4, 6, 7, fail next. All seven agree on [5]; the mesh of
+epoch 1 is (1, 4) over [0, 1, 2, 3]; 4, 6 and 7 are spares (get_coordinate() is None) and wait
+in ``mesh.grow()``. When rank 5's replacement waits too, the members' next grow() poll opens
+epoch 2 at (2, 4) with 4-7 fresh; ``sync_replicas`` copies the state to them along "dp".
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+import traceback
+from typing import TYPE_CHECKING, Any
 
+from . import _elastic, _env
+from ._elastic import Elastic
 from ._mesh_spec import MeshSpec
-from ._shrink import Shrunk, shrink
+from ._shrink import shrink
 from ._survivors import agree_lost
+from .errors import NotAMemberError, ShrinkError, StaleEpochError, bad_argument, format_ranks
 
 if TYPE_CHECKING:
     from .device_mesh import DeviceMesh
+    from .world import World
+
+WAIT_S = 5.0  # a survivor that never comes to the recovery is lost after this (a majority in)
 
 
-def shrink_mesh(mesh: DeviceMesh, err: BaseException, dim: int | str, *, minimum: int = 1,
-                wait_s: float = 5.0, timeout_s: float = 60.0) -> tuple[DeviceMesh, Shrunk]:
-    """The mesh without the slices of ``dim`` that held a lost rank, and what was removed.
+def plan_of(mesh: DeviceMesh, what: str) -> Elastic:
+    """The mesh's elastic plan, or the error saying the mesh is not elastic."""
+    plan = mesh._elastic
+    if plan is None:
+        raise bad_argument("mesh", mesh, f"is not elastic, so {what} cannot change it",
+                           "make it with init_device_mesh(..., elastic='dp') (its replica "
+                           "dim), and call it on that mesh, not on a slice of it")
+    return plan
 
-    ``err`` is what this rank caught: its ``ranks`` (RankFailedError) or ``missing``
-    (DistributedTimeoutError) are this rank's suspects. Every member of ``mesh`` that survives
-    must call it (SPMD). Raises ShrinkError (on every survivor) below ``minimum`` or without a
-    majority.
-    """
-    from .device_mesh import DeviceMesh, _make_groups
 
+def recover(mesh: DeviceMesh, err: BaseException, *, wait_s: float = WAIT_S,
+            timeout_s: float | None = None) -> DeviceMesh:
+    """The mesh without the slices that held a lost rank (see the module docstring)."""
+    plan = plan_of(mesh, "recover()")
     world, spec = mesh._world, mesh._spec
-    d = mesh._dim(dim)
+    if spec.coordinate_of(world.rank) is None:
+        raise NotAMemberError(
+            f"recover(): rank {world.rank} is a spare, not in the mesh of epoch {plan.epoch}. "
+            f"Fix: a spare waits in mesh.grow() until its slice is filled again")
+    store = world.store
+    _let_go(err)
+    world.close_epoch(f"was closed by the recovery after a failure in epoch {plan.epoch}")
     suspects = getattr(err, "ranks", None) or getattr(err, "missing", None) or []
     members = spec.ranks().tolist()
-    lost = agree_lost(world.store, f"recover/e{world.spmd.epoch}", world.rank, members,
-                      suspects, wait_s=wait_s, timeout_s=timeout_s)
-    world.open_epoch()
-    names = spec.names
-    shrunk = shrink(spec.shape, members, d, lost, minimum=minimum,
-                    dim_name=names[d] if names else None)
-    new_spec = MeshSpec.from_ranks(shrunk.shape, list(shrunk.ranks), names)
-    new = object.__new__(DeviceMesh)
-    new._set(world, mesh._device_type, new_spec, new_spec, mesh._backends,
-             _make_groups(world, new_spec, mesh._backends))
-    return new, shrunk
+    limit = world.timeout.total_seconds() if timeout_s is None else timeout_s
+    try:
+        lost = agree_lost(store, f"recover/e{plan.epoch}", world.rank, members, suspects,
+                          wait_s=wait_s, timeout_s=limit)
+        names = spec.names
+        shrunk = shrink(spec.shape, members, plan.dim, lost, minimum=plan.minimum,
+                        dim_name=names[plan.dim] if names else None)
+    except ShrinkError as failure:
+        _elastic.end(store, plan.epoch, str(failure))
+        raise
+    decision = _elastic.next_of(store, plan.epoch, {
+        "epoch": plan.epoch + 1, "shape": list(shrunk.shape), "ranks": list(shrunk.ranks),
+        "lost": list(shrunk.lost), "spares": list(shrunk.spares)})
+    return enter(world, mesh, plan, decision)
+
+
+def _let_go(err: BaseException | None) -> None:
+    """Clear the finished frames of ``err``'s tracebacks (and of its causes): they hold the
+    failed call's engine group, which closes its connections only once nothing refers to it.
+    Measured: with them kept, a peer blocked on this rank waited until this rank exited."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        traceback.clear_frames(err.__traceback__)
+        err = err.__cause__ or err.__context__
+
+
+def grow(mesh: DeviceMesh) -> DeviceMesh:
+    """On a member: this mesh, or the grown mesh when waiting ranks complete a removed slice
+    (decided once per call for every member). On a spare: wait until admitted, or until the
+    members finished (then the last mesh, which still does not hold it)."""
+    plan = plan_of(mesh, "grow()")
+    world = mesh._world
+    if mesh._spec.coordinate_of(world.rank) is None:
+        decision = _elastic.await_admission(world.store, world.rank, token(), plan.epoch,
+                                            world.timeout.total_seconds())
+        return enter(world, mesh, plan, decision)
+    n = world.spmd.next("elastic-poll")
+    grown = _elastic.poll(world.store, plan, n, set(mesh._spec.ranks().tolist()))
+    if grown is None:
+        return mesh
+    return enter(world, mesh, plan, _elastic.next_of(world.store, plan.epoch, grown))
+
+
+def join(world: World, like: DeviceMesh, plan: Elastic) -> DeviceMesh:
+    """A restarted rank's mesh: wait until the members admit it, then enter that epoch.
+    ``like`` carries the device, names and backends (a mesh of no groups, never used)."""
+    decision = _elastic.await_admission(world.store, world.rank, token(), 0,
+                                        world.timeout.total_seconds())
+    return enter(world, like, plan, decision)
+
+
+def token() -> str:
+    """How a waiting process names itself: "<pid> <host>" (members learn its pid from it)."""
+    return f"{os.getpid()} {_env.hostname()}"
+
+
+def enter(world: World, mesh: DeviceMesh, plan: Elastic, decision: dict[str, Any]
+          ) -> DeviceMesh:
+    """The mesh of the epoch ``decision`` opens, with its groups made afresh."""
+    from .device_mesh import DeviceMesh, _make_groups
+
+    if "end" in decision:
+        raise ShrinkError(decision["end"])
+    if "finished" in decision:  # a waiting rank: the last mesh, without it; no groups
+        spec = MeshSpec.from_ranks(tuple(decision["shape"]), decision["ranks"],
+                                   mesh._spec.names)
+        return DeviceMesh._make(world, mesh._device_type, spec, spec, mesh._backends, (),
+                                plan.at(decision))
+    if world.rank in decision.get("lost", ()):
+        raise StaleEpochError(
+            f"rank {world.rank} is still in epoch {plan.epoch}, but the others agreed it was "
+            f"lost (lost: {format_ranks(decision['lost'])}) and went on to epoch "
+            f"{decision['epoch']} without it; it must leave. Fix: make it reach the recovery "
+            f"sooner (a rank stalled this long counts as lost)")
+    world.open_epoch(decision["epoch"], present=decision["ranks"])
+    world.elastic = tuple(decision["shape"])
+    for rank, who in decision.get("admitted", {}).items():
+        pid, _, host = who.partition(" ")
+        if world.host_pids is not None and host == _env.hostname():
+            world.host_pids[int(rank)] = int(pid)  # the death watch knows the new process
+    spec = MeshSpec.from_ranks(tuple(decision["shape"]), decision["ranks"], mesh._spec.names)
+    return DeviceMesh._make(world, mesh._device_type, spec, spec, mesh._backends,
+                            _make_groups(world, spec, mesh._backends), plan.at(decision))

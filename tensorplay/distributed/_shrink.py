@@ -1,4 +1,5 @@
-"""A mesh without its lost ranks: the slices of the elastic dim that hold one are removed (pure).
+"""An elastic mesh's geometry (pure): shrink removes the slices of the elastic dim that hold a
+lost rank; grow puts back every slice of the full mesh whose ranks are all present again.
 
 The first step of keeping a job alive when ranks die (the elastic recovery of issue "Keep
 training when ranks die"): every survivor computes the same smaller mesh from the same agreed
@@ -13,6 +14,13 @@ Rank 5 dies. Rank 5 sits in "dp" slice 1 (ranks 4..7), so that slice goes:
 Ranks 4, 6 and 7 are healthy but their slice is gone: they become spares (their new mesh does
 not hold them) until the slice can be refilled. Lost ranks outside the mesh change nothing.
 Cost: O(world size) once per recovery, never per query.
+
+Growing back, the same mesh: the full layout is (2, 4) over ranks 0..7; the mesh holds 0..3;
+spares 4, 6, 7 and a replacement for 5 wait. Every rank of slice 1 is present again:
+
+    grow((2, 4), range(8), dim=0, present={0, 1, 2, 3, 4, 5, 6, 7}) -> ((2, 4), (0, ..., 7))
+
+With only 4, 6, 7 present (5 not replaced yet), slice 1 stays out: ((1, 4), (0, 1, 2, 3)).
 """
 
 from __future__ import annotations
@@ -67,3 +75,18 @@ def shrink(shape: Sequence[int], ranks: Sequence[int], dim: int, lost: Iterable[
     new_shape = shape[:dim] + (len(keep),) + shape[dim + 1:]
     return Shrunk(new_shape, tuple(kept), tuple(hit), tuple(spares),
                   tuple(sorted(gone & set(ranks))))
+
+
+def grow(full_shape: Sequence[int], full_ranks: Sequence[int], dim: int,
+         present: Iterable[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shape, row-major ranks) of the full mesh keeping only the slices of ``dim`` whose
+    ranks are all in ``present``; slices keep their order along ``dim``."""
+    shape = tuple(int(s) for s in full_shape)
+    inner = 1
+    for size in shape[dim + 1:]:
+        inner *= size
+    outer_stride = shape[dim] * inner
+    have = set(present)
+    broken = {(i % outer_stride) // inner for i, r in enumerate(full_ranks) if r not in have}
+    kept = tuple(r for i, r in enumerate(full_ranks) if (i % outer_stride) // inner not in broken)
+    return shape[:dim] + (shape[dim] - len(broken),) + shape[dim + 1:], kept

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .errors import ShrinkError, format_ranks
+from .errors import ShrinkError, StaleEpochError, format_ranks
 
 POLL_S = 0.05
 SUSPECT_GRACE_S = 1.0  # a suspected rank that is alive has this long to say so
@@ -38,8 +38,8 @@ def agree_lost(store: Any, key: str, rank: int, members: Sequence[int],
                timeout_s: float = 60.0) -> list[int]:
     """The lost ranks of ``members``, the same on every survivor (see the module docstring).
 
-    Raises ShrinkError when the survivors are no majority of ``members`` by ``timeout_s``, or
-    when this rank arrived after the others had declared it lost.
+    Raises ShrinkError when the survivors are no majority of ``members`` by ``timeout_s``, and
+    StaleEpochError when this rank arrived after the others had declared it lost.
     """
     members = list(members)
     start = time.monotonic()
@@ -69,7 +69,7 @@ def agree_lost(store: Any, key: str, rank: int, members: Sequence[int],
             f"the recovery within {timeout_s:g} s: no majority, so no part of the job may go "
             f"on alone. Fix: restart the job from its last checkpoint")
     if rank in verdict["lost"]:
-        raise ShrinkError(
+        raise StaleEpochError(
             f"rank {rank} reached the recovery after the others had agreed it was lost "
             f"(lost: {format_ranks(verdict['lost'])}); it must leave the job. Fix: make it "
             f"reach the recovery sooner, or raise the wait")

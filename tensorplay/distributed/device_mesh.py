@@ -12,8 +12,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from . import _env
 from . import _mesh_args as args
 from ._consensus import agree
+from ._elastic import Elastic
 from ._engine import MeshView, NativeMesh
 from ._failures import named_failures
 from ._mesh_spec import MeshSpec
@@ -30,7 +32,7 @@ from .world import World, current_or_adopted_world, current_world
 
 log = logging.getLogger("tensorplay.distributed")
 
-__all__ = ["DeviceMesh", "init_device_mesh"]
+__all__ = ["DeviceMesh", "init_device_mesh", "sync_replicas"]
 
 
 class DeviceMesh:
@@ -46,7 +48,7 @@ class DeviceMesh:
     root and backends) compare and hash equal.
     """
 
-    __slots__ = ("_world", "_device_type", "_spec", "_root", "_backends", "_groups")
+    __slots__ = ("_world", "_device_type", "_spec", "_root", "_backends", "_groups", "_elastic")
 
     def __init__(
         self,
@@ -71,17 +73,20 @@ class DeviceMesh:
         self._set(world, device, spec, spec, backends, _make_groups(world, spec, backends))
 
     def _set(self, world: World, device: str, spec: MeshSpec, root: MeshSpec,
-             backends: tuple[str, ...], groups: tuple[ProcessGroup, ...]) -> None:
-        """Fill the fields, once: ``groups`` holds this rank's group per dim, () outside."""
-        for name, value in zip(self.__slots__, (world, device, spec, root, backends, groups),
-                               strict=True):
+             backends: tuple[str, ...], groups: tuple[ProcessGroup, ...],
+             elastic: Elastic | None = None) -> None:
+        """Fill the fields, once: ``groups`` holds this rank's group per dim, () outside;
+        ``elastic`` only on the root of an elastic mesh."""
+        values = (world, device, spec, root, backends, groups, elastic)
+        for name, value in zip(self.__slots__, values, strict=True):
             object.__setattr__(self, name, value)
 
     @classmethod
     def _make(cls, world: World, device: str, spec: MeshSpec, root: MeshSpec,
-              backends: tuple[str, ...], groups: tuple[ProcessGroup, ...]) -> DeviceMesh:
+              backends: tuple[str, ...], groups: tuple[ProcessGroup, ...],
+              elastic: Elastic | None = None) -> DeviceMesh:
         mesh = object.__new__(cls)
-        mesh._set(world, device, spec, root, backends, groups)
+        mesh._set(world, device, spec, root, backends, groups, elastic)
         return mesh
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -179,6 +184,49 @@ class DeviceMesh:
         """One process group per dimension, in dimension order."""
         self._my_coordinate("get_all_groups()")
         return list(self._groups)
+
+    # -- elastic: shrink after a loss, grow back -----------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch of an elastic mesh: 0 at init_device_mesh, one more at each recover() or
+        grow() that changed it (0 for a mesh made without ``elastic``)."""
+        return 0 if self._elastic is None else self._elastic.epoch
+
+    @property
+    def fresh_ranks(self) -> list[int]:
+        """The ranks that joined this elastic mesh at its epoch and hold no training state
+        yet (a replacement, a spare back in its slice): ``sync_replicas`` fills them."""
+        return [] if self._elastic is None else list(self._elastic.fresh)
+
+    def recover(self, err: BaseException) -> DeviceMesh:
+        """The elastic mesh without the slices of its elastic dim that held a lost rank.
+
+        Call it on every survivor after a RankFailedError or DistributedTimeoutError caught
+        in a step (``err``: what was caught; the ranks it names are suspects only). The
+        survivors agree on the lost ranks through the store, the same set on every one; the
+        groups of the old epoch are closed; the new mesh's groups are made by its members.
+        On (2, 4) ("dp", "tp") with elastic "dp", rank 5 lost: every survivor gets (1, 4) over
+        [0, 1, 2, 3]; ranks 4, 6, 7 get a mesh that does not hold them (spares: they wait in
+        ``grow()`` or leave). Raises ShrinkError on every survivor below ``elastic_min`` or
+        without a majority, StaleEpochError on a rank the others already declared lost.
+        """
+        from ._recover import recover
+
+        self._alive("recover()")
+        return recover(self, err)
+
+    def grow(self) -> DeviceMesh:
+        """This elastic mesh, or the mesh grown back with ranks waiting to join.
+
+        Members call it at the same point of every step (SPMD; it costs one store round
+        trip): all get the same answer. When a restarted rank and the spares of its removed
+        slice all wait, the mesh returns to that slice (a new epoch, new groups; the joiners
+        are ``fresh_ranks``). On a spare it waits until its slice is filled again.
+        """
+        from ._recover import grow
+
+        self._alive("grow()")
+        return grow(self)
 
     # -- hosts, reports, pictures -------------------------------------------------------------
     def host_of(self):
@@ -435,7 +483,7 @@ class DeviceMesh:
 
     # -- value semantics ---------------------------------------------------------------------
     def _key(self) -> tuple:
-        return (self._device_type, self._spec, self._root, self._backends)
+        return (self._device_type, self._spec, self._root, self._backends, self.epoch)
 
     def _root_key(self) -> tuple:
         return (self._device_type, self._root)
@@ -456,7 +504,8 @@ class DeviceMesh:
             body = f"mesh={self._spec.array().tolist()}"
         else:
             body = f"ranks={self._spec.ranks()!r}"
-        return f"DeviceMesh({self._device_type!r}, {dims}; {body})"
+        epoch = f", epoch {self.epoch}" if self._elastic is not None else ""
+        return f"DeviceMesh({self._device_type!r}, {dims}; {body}{epoch})"
 
     def __reduce__(self):
         return _unpickle, (self._device_type, self._spec, self._root, self._backends)
@@ -596,8 +645,16 @@ def init_device_mesh(
     mesh_dim_names: Sequence[str] | None = None,
     backend_override: Any = None,
     host_aware: bool = False,
+    elastic: int | str | None = None,
+    elastic_min: int = 1,
 ) -> DeviceMesh:
     """Build a mesh of ``mesh_shape`` over the whole world, ranks filling it row-major.
+
+    elastic="dp" (a dim whose slices are replicas) makes the mesh survive lost ranks:
+    ``mesh.recover(err)`` removes the slices that held one (never below ``elastic_min``
+    slices), ``mesh.grow()`` puts them back when their ranks are there again. A rank that
+    tensorplay-run restarted (--max-restarts) waits here until the members admit it, and gets
+    the mesh of the epoch it joins (``mesh.fresh_ranks`` holds it: see ``sync_replicas``).
 
     host_aware=True lays ranks out host by host instead, so the innermost dims' groups stay
     inside one host when a launcher dealt ranks to hosts unevenly (e.g. round-robin).
@@ -615,10 +672,17 @@ def init_device_mesh(
     if not isinstance(host_aware, bool):
         raise bad_argument("host_aware", host_aware, "must be True or False",
                            "pass host_aware=True to order ranks host by host")
-    agree(world, "init_device_mesh()", {
-        "device_type": device, "mesh_shape": shape, "mesh_dim_names": names,
-        "backend_override": backends, "host_aware": host_aware,
-    })
+    replicas = args.elastic(elastic, elastic_min, names, shape)
+    if replicas is not None and not world.engine.capabilities.has_store:
+        raise bad_argument("elastic", elastic, f"needs a store where the survivors agree; the "
+                           f"{world.engine.name} engine has none", "use backend 'gloo' or "
+                           "'nccl' for an elastic mesh")
+    joining = replicas is not None and _env.rank_restart_count() > 0
+    if not joining:  # a restarted rank's peers are far past this check
+        agree(world, "init_device_mesh()", {
+            "device_type": device, "mesh_shape": shape, "mesh_dim_names": names,
+            "backend_override": backends, "host_aware": host_aware, "elastic": replicas,
+        })
     world.engine.use_device(device)
     spec = MeshSpec.row_major(shape, names)
     if host_aware:  # every rank reads the full host list (O(world size) each)
@@ -634,8 +698,46 @@ def init_device_mesh(
             hint = _topology.advice(spec, world.known_hosts())
             if hint is not None:
                 log.warning("init_device_mesh%s: %s", shape, hint)
+    plan = None if replicas is None else Elastic(
+        replicas[0], replicas[1], shape, tuple(spec.ranks().tolist()))
+    if plan is not None:
+        world.elastic = shape
+    if joining:
+        from ._recover import join
+
+        assert plan is not None
+        return join(world, DeviceMesh._make(world, device, spec, spec, backends, ()), plan)
     return DeviceMesh._make(world, device, spec, spec, backends,
-                            _make_groups(world, spec, backends))
+                            _make_groups(world, spec, backends), plan)
+
+
+def sync_replicas(mesh: DeviceMesh, tensors: Sequence[Any]) -> None:
+    """Bring the fresh ranks of an elastic mesh in line: each tensor broadcast along the
+    elastic dim from the first member of this rank's replica group that is not fresh.
+
+    Call it on every member after ``recover()`` or ``grow()`` returned a new mesh (and on a
+    joiner after init_device_mesh), with the same tensors in the same order: torch tensors or
+    numpy arrays, in place. On (2, 4) ("dp", "tp") grown back with ranks 4-7 fresh, rank 5's
+    tensors come from rank 1 over the "dp" group [1, 5]; a group without a fresh rank moves
+    nothing. O(state size) per fresh rank.
+    """
+    from ._recover import plan_of
+    from .collectives import broadcast
+
+    plan = plan_of(mesh, "sync_replicas()")
+    fresh = set(plan.fresh)
+    if not fresh or mesh.get_coordinate() is None:
+        return
+    group = mesh.get_group(plan.dim)
+    if not fresh & set(group.ranks):
+        return
+    sources = [r for r in group.ranks if r not in fresh]
+    if not sources:
+        raise ArgumentError(
+            f"sync_replicas(): every member of {group.label} joined at epoch {plan.epoch}, so "
+            f"none holds the training state. Fix: restore it from a checkpoint instead")
+    for tensor in tensors:
+        broadcast(tensor, sources[0], group=group)
 
 
 if __name__ == "__main__":  # the planning command's old spelling, kept working

@@ -20,6 +20,7 @@ ranks made different collective calls on a group (a stray      CallMismatchError
 a bounded wait expired (names who never arrived)               DistributedTimeoutError
 a peer died or its connection broke (names it when known)      RankFailedError
 a mesh cannot shrink past its lost ranks (below its minimum)   ShrinkError
+a group or mesh of an epoch the job has left (elastic)         StaleEpochError
 the engine is missing a backend, or failed in another way      BackendError
 =============================================================  ===========================
 """
@@ -160,6 +161,11 @@ class RankFailedError(DistributedError, RuntimeError):
 class ShrinkError(DistributedError, RuntimeError):
     """A mesh cannot go on without its lost ranks: its elastic dim would fall below the
     minimum the user set (or the survivors are no majority). The job must restart."""
+
+
+class StaleEpochError(DistributedError, RuntimeError):
+    """This rank used a group or mesh of an epoch the job has left (an elastic mesh recovered
+    or grew since), or reached a recovery after the others had gone on without it."""
 
 
 def rank_words(ranks: Iterable[int]) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._mesh_spec import Ranks
-from .errors import NotAMemberError, NotInitializedError, format_ranks
+from .errors import NotAMemberError, NotInitializedError, StaleEpochError, format_ranks
 
 if TYPE_CHECKING:
     from ._engine import GroupOps
@@ -76,6 +76,7 @@ class ProcessGroup:
         self._engine_group = engine_group
         self._kind = kind
         self._released = False
+        self._retired = ""  # why this group may not be used: its epoch is over (elastic)
         found = ranks.index(global_rank)
         self._rank = -1 if found is None else found
         self._global_rank = global_rank
@@ -143,10 +144,26 @@ class ProcessGroup:
         self.ops = None
         self._released = True
 
+    def retire(self, why: str) -> Any:
+        """Stop this group for good (its epoch is over); returns the engine group, which the
+        caller closes. Later use raises StaleEpochError saying ``why``."""
+        engine_group, self._engine_group, self.ops = self._engine_group, None, None
+        self._retired = why
+        return engine_group
+
+    @property
+    def retired(self) -> bool:
+        """Whether the group's epoch is over (an elastic mesh recovered or grew)."""
+        return bool(self._retired)
+
     def usable(self, what: str) -> GroupOps:
         """The group's collectives, or the error saying why this rank cannot use them."""
         if self.ops is not None:
             return self.ops
+        if self._retired:
+            raise StaleEpochError(
+                f"{what}: {self.label} {self._retired}. Fix: use the groups of the mesh that "
+                f"mesh.recover() or mesh.grow() returned.")
         if self._released:
             raise NotInitializedError(
                 f"{what}: {self.label} belongs to a destroyed world. Fix: build new "

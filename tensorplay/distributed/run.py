@@ -65,6 +65,8 @@ JOIN_TIMEOUT_S = 300.0  # default --join-timeout-s
 NODE_GRACE_ENV = "TENSORPLAY_NODE_GRACE_S"
 HANG_ENV = "TENSORPLAY_HANG_TIMEOUT_S"
 JOIN_ENV = "TENSORPLAY_JOIN_TIMEOUT_S"
+GLOO_LAZY = "TORCH_GLOO_LAZY_INIT"
+ELASTIC_TAIL_S = 10.0  # elastic: a restarted rank still waiting to join when all others ended
 STOP_FAST_S = 2.0  # a node lost or stopped elsewhere: SIGTERM, then SIGKILL after at most this
 LOST_SETTLE_S = 0.5  # a node lost: what is left of --settle-s for this node's ranks to end
 OMP_NOTE = ("setting OMP_NUM_THREADS=1 for every rank, as torchrun does, so {n} ranks do not "
@@ -161,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     opt("join-timeout-s", type=float, default=_env_float(JOIN_ENV, JOIN_TIMEOUT_S),
         help=f"how long the nodes wait for each other at start (default {JOIN_TIMEOUT_S:g}; or "
              f"${JOIN_ENV})")
+    opt("max-restarts", type=int, default=None,
+        help="elastic mode: a rank lost (killed by a signal, or hung) does not stop the job; "
+             "it is restarted, at most this many times per rank, and joins the running job's "
+             "elastic mesh (init_device_mesh(..., elastic=...)); the others go on meanwhile. "
+             "Default: off (the first failure stops every rank)")
     opt("settle-s", type=float, default=SETTLE_S,
         help="after the first failure, seconds the other ranks get to end on their own before "
              "they are stopped, so that ranks failing alike are all seen (default 1)")
@@ -214,6 +221,10 @@ def check_args(a: argparse.Namespace) -> None:
             raise bad_argument(flag, value, "must be > 0", "pass a number of seconds, e.g. 10")
     if a.settle_s < 0:
         raise bad_argument("--settle-s", a.settle_s, "must be >= 0", "pass e.g. 1")
+    if a.max_restarts is not None and a.max_restarts < 0:
+        raise bad_argument("--max-restarts", a.max_restarts, "must be >= 0",
+                           "pass how often one rank may be restarted, e.g. 1 (0: never, but "
+                           "the others still go on without it)")
     if not a.module and not Path(a.script).is_file():
         raise bad_argument("script", a.script, "no such file",
                            "check the path, or use -m package.module to run a module")
@@ -456,7 +467,8 @@ def rank_command(a: argparse.Namespace) -> list[str]:
 
 
 def _start(
-    a: argparse.Namespace, local_rank: int, out: Output, events: Events, threads: Threads
+    a: argparse.Namespace, local_rank: int, out: Output, events: Events, threads: Threads,
+    restart: int = 0,
 ) -> subprocess.Popen:
     """Start one rank in its own process group, with its report pipe, two readers and a waiter.
 
@@ -470,6 +482,10 @@ def _start(
                     agent_store=a.serve_store)
     if a.hang_timeout_s is not None:
         env[_rank_main.BEAT_S] = "1"
+    if a.max_restarts is not None:  # elastic: a restarted rank must be able to start a world
+        env.setdefault(GLOO_LAZY, "1")  # whose other ranks are far past theirs (gloo connects
+        if restart:                     # each pair on its first use, not at init)
+            env[_env.TENSORPLAY_RESTART_COUNT] = str(restart)
     if a.verdict_file:
         env[VERDICT_FILE] = a.verdict_file
     report_r, report_w = os.pipe()
@@ -493,7 +509,7 @@ def _start(
     readers = [threading.Thread(target=_pump, args=(proc.stdout, rank, out), daemon=True),
                threading.Thread(target=_pump_stderr, daemon=True,
                                 args=(proc.stderr, report_r, rank, out, on_report))]
-    threads[rank] = readers
+    threads.setdefault(rank, []).extend(readers)
     for t in [*readers, threading.Thread(target=_reap, args=(proc, rank, events), daemon=True)]:
         t.start()
     return proc
@@ -554,6 +570,8 @@ class Job:
         self.ends: dict[int, RankEnd] = {}
         self.hangs = _hangs.HangWatch(a.node_grace_s, a.hang_timeout_s)
         self.verdict: Verdict | None = None  # why the job stopped, if another node said so
+        self.restarts: dict[int, int] = {}  # elastic mode: rank -> times restarted
+        self.lost: list[tuple[RankEnd, bool]] = []  # elastic: ends of lost ranks, restarted?
 
     def start(self) -> None:
         """Start every rank of this node."""
@@ -619,6 +637,88 @@ class Job:
             self.tell_others()
         self.stop(running, fast)
         return None
+
+    def supervise_elastic(self) -> int | None:
+        """Elastic mode (--max-restarts): a rank lost to a signal (killed, or hung and killed
+        here) is restarted while it has restarts left, and the others go on; any other end is
+        final. The job ends when every rank has ended; restarted ranks still waiting to join
+        ELASTIC_TAIL_S after all the others ended are stopped. Returns None, or the signal
+        number that stopped the job."""
+        running = set(self.procs)
+        first = set(self.procs)  # ranks whose running process is the one started with the job
+        tail_from = None
+        while running:
+            try:
+                event = self.events.get(timeout=0.5)
+            except queue.Empty:
+                event = None
+            if event is not None and event[0] == "signal":
+                self.stop(running)
+                return event[1]
+            if event is not None and event[0] == "verdict":  # a node lost: the job is over
+                self.verdict = event[1]
+                self.out.say(f"{event[1].text}; stopping {ranks_phrase(sorted(running))} on "
+                             f"this node.")
+                self.tell_ranks(event[1])
+                self.stop(running, fast=True)
+                return None
+            if event is not None:
+                self.record(event)
+                if event[0] == "exit":
+                    running.discard(event[1])
+                    if self.restart_if_lost(event[1]):
+                        running.add(event[1])
+                        first.discard(event[1])
+            self.kill_hung(running)
+            if running and not running & first:
+                tail_from = tail_from or time.monotonic()
+                if time.monotonic() - tail_from > ELASTIC_TAIL_S:
+                    self.out.say(f"{ranks_phrase(sorted(running))} (restarted) still running "
+                                 f"{ELASTIC_TAIL_S:g} s after every other rank ended: stopping.")
+                    break
+        self.stop(running)
+        return None
+
+    def restart_if_lost(self, rank: int) -> bool:
+        """Elastic mode: restart ``rank`` if a signal ended it and it has restarts left."""
+        end = self.ends[rank]
+        if end.code is None or end.code >= 0:
+            return False  # its script ended it: final
+        done = self.restarts.get(rank, 0)
+        again = done < self.a.max_restarts
+        self.lost.append((end, again))
+        cause = (end.report or {}).get("what") if (end.report or {}).get("event") == "hung" \
+            else describe(end.code)
+        if not again:
+            self.out.say(f"rank {rank} lost ({cause}); not restarted (--max-restarts "
+                         f"{self.a.max_restarts} used): the others go on without it.")
+            return False
+        self.restarts[rank] = done + 1
+        self.out.say(f"rank {rank} lost ({cause}); elastic mode: restarting it (restart "
+                     f"{done + 1} of {self.a.max_restarts}); the others go on.")
+        self.ends[rank] = RankEnd(rank)
+        local = rank - self.a.node_rank * self.a.nproc_per_node
+        self.procs[rank] = _start(self.a, local, self.out, self.events, self.threads, done + 1)
+        return True
+
+    def conclude_elastic(self) -> int:
+        """Elastic mode: 0 when the job went on to its end (some rank's script returned and
+        none failed by itself), ranks lost on the way named; else the usual summary."""
+        ends = list(self.ends.values())
+        final_lost = [e for e in ends if e.code is not None and e.code < 0 and e.stop_t is None]
+        by_script = [e for e in ends if e not in final_lost and e.stop_t is None
+                     and self.failing(e.rank)]
+        went_on = any(e.kind() == "ok" for e in ends)
+        if by_script or not went_on:
+            return self.conclude()
+        if self.lost:
+            restarted = sorted({e.rank for e, again in self.lost if again})
+            gone = sorted(e.rank for e in final_lost)
+            words = [f"{ranks_phrase(restarted)} restarted"] if restarted else []
+            words += [f"{ranks_phrase(gone)} lost for good"] if gone else []
+            self.out.say(f"elastic: {len(self.lost)} rank loss(es) survived ("
+                         f"{'; '.join(words)}); the job went on to its end.")
+        return 0
 
     def kill_hung(self, running: set[int]) -> float | None:
         """Kill the ranks that are hung (``_hangs``), recording why; when one was, the time."""
@@ -727,6 +827,12 @@ def _board(a: argparse.Namespace) -> Board:
 def launch(a: argparse.Namespace) -> int:
     """Join the other nodes, start this node's ranks, supervise them, and leave no child
     behind on any path."""
+    a.serve_store = backends.launcher_can_serve_store()
+    if a.max_restarts is not None and not a.serve_store:
+        raise bad_argument("--max-restarts", a.max_restarts, "needs the launcher to serve the "
+                           "job's store (it outlives any rank), which needs torch in the "
+                           f"launcher's Python ({sys.executable})", "install torch there, or "
+                           "leave out --max-restarts")
     first = a.node_rank * a.nproc_per_node
     out = Output(a.shown, a.log_dir, range(first, first + a.nproc_per_node))
     if a.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
@@ -734,7 +840,6 @@ def launch(a: argparse.Namespace) -> int:
     a.base_env = dict(os.environ)  # what the ranks get, before the line below
     workdir = tempfile.mkdtemp(prefix="tensorplay-run-") if a.nnodes > 1 else None
     a.verdict_file = os.path.join(workdir, "verdict") if workdir else None
-    a.serve_store = backends.launcher_can_serve_store()
     if a.serve_store and "TORCH_CPP_LOG_LEVEL" not in os.environ:
         os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"  # torch logs each failed connect with a
         # C++ stack trace: noise in a launcher, which says itself what failed
@@ -757,7 +862,8 @@ def launch(a: argparse.Namespace) -> int:
                                            name="tensorplay-run store")
                 serving.start()
             job.start()
-            signum = job.supervise()
+            elastic = a.max_restarts is not None
+            signum = job.supervise_elastic() if elastic else job.supervise()
             job.drain()
             if signum is not None:
                 stopped = sorted(r for r, e in job.ends.items() if e.stop_t is not None)
@@ -765,7 +871,7 @@ def launch(a: argparse.Namespace) -> int:
                 out.say(f"got {signal.Signals(signum).name}; stopped "
                         f"{ranks_phrase(stopped) if stopped else 'no rank (none was running)'}.")
                 return 128 + signum
-            code = job.conclude()
+            code = job.conclude_elastic() if elastic else job.conclude()
             if job.board is not None:
                 code = _leave(job, code)
             return code

@@ -8,8 +8,10 @@ epoch (``_keys.Spmd``), and the registry of groups, reached through World's meth
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Hashable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -65,6 +67,8 @@ class World:
     _flattened: dict[tuple, dict[str, tuple]] = field(default_factory=dict)
     _native: dict[Any, Any] = field(default_factory=dict)  # mesh value -> engine's mesh
     _hosts: Hosts | None = None  # rank 0 from init, the others on first use
+    present: list[int] | None = None  # ranks still in an elastic job (None: all of them)
+    elastic: tuple[int, ...] | None = None  # shape of the newest elastic mesh, if any
 
     def __post_init__(self) -> None:
         ranks = Ranks(layout=Layout((((self.size, 1),),)))
@@ -130,18 +134,39 @@ class World:
         """How many groups are registered in this world, the world group included."""
         return len(self._groups)
 
-    def open_epoch(self) -> int:
-        """Start the next generation of groups and store keys; returns its number.
+    def close_epoch(self, why: str) -> None:
+        """Retire every group of this epoch, the world group included (it may hold a lost
+        rank), and close their engine groups now: a peer blocked on this rank in one of them
+        fails at once and comes to the recovery too. ``why`` ends "the 'dp' group [1, 5] ..."
+        in the StaleEpochError of a later use."""
+        self._native.clear()  # the engine's meshes hold our groups' engine groups
+        for group in self._groups.values():
+            if group.retired:
+                continue
+            engine_group = group.retire(why)
+            if engine_group is not None and group is not self.default_group:
+                with suppress(Exception):  # a group already broken closes as it can
+                    self.engine.close_group(engine_group)
+        gc.collect()  # an engine group in a reference cycle closes now, not some time later
 
-        Every rank calls it in step (SPMD). Afterwards the counters restart, checks and
-        barriers use keys under the new ``e<epoch>/``, and a group asked for again is made
-        afresh under a name carrying the new epoch; groups of the old epoch are no longer
-        found in the registry (the world group stays).
+    def open_epoch(self, epoch: int | None = None, present: Sequence[int] | None = None
+                   ) -> int:
+        """Start the next generation of groups and store keys (or generation ``epoch``, for
+        a rank joining a running job); returns its number.
+
+        Every rank calls it in step (SPMD). The groups of the old epoch are retired and
+        closed (``close_epoch``); afterwards the counters restart, checks and barriers use
+        keys under the new ``e<epoch>/``, and a group asked for again is made afresh under a
+        name carrying the new epoch. ``present``: the ranks still in the job (the end-of-job
+        checks wait for them only).
         """
-        epoch = self.spmd.open_epoch()
+        old = self.spmd.epoch
+        self.close_epoch(f"belongs to epoch {old}, which the job has left")
+        epoch = self.spmd.open_epoch(epoch)
         self._groups = {key: g for key, g in self._groups.items() if g is self.default_group}
         self._flattened.clear()
-        self._native.clear()
+        if present is not None:
+            self.present = sorted(present)
         return epoch
 
     def register_flatten(self, root_key: tuple, name: str, dims: tuple) -> None:
@@ -437,6 +462,13 @@ def destroy_process_group() -> None:
     global _WORLD
     world = current_world("destroy_process_group()")
     _WORLD = None
+    if world.elastic is not None and world.store is not None:  # ranks waiting to join leave
+        from . import _elastic
+
+        ranks = list(range(world.size)) if world.present is None else world.present
+        if world.rank in ranks:
+            with suppress(RuntimeError, OSError):
+                _elastic.finish(world.store, world.spmd.epoch, world.elastic, ranks)
     try:
         with named_failures(world, "destroy_process_group(): comparing collective call counts"):
             _accounting.check_at_end(world)

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.faults]  # five fresh processes; abs
 def _rounds(rank: int, port: int) -> dict[str, object]:
     import torch.distributed as tdist
 
-    from tensorplay.distributed import ShrinkError
+    from tensorplay.distributed import ShrinkError, StaleEpochError
     from tensorplay.distributed._survivors import agree_lost
 
     store = tdist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=30))
@@ -27,8 +27,8 @@ def _rounds(rank: int, port: int) -> dict[str, object]:
         start = time.monotonic()
         try:
             out[name] = agree_lost(store, name, rank, members, suspects, **kw)
-        except ShrinkError as err:
-            out[name] = f"ShrinkError: {err}"
+        except (ShrinkError, StaleEpochError) as err:
+            out[name] = f"{type(err).__name__}: {err}"
         out[name + " s"] = time.monotonic() - start
 
     if rank != 3:  # rank 3 never comes: its peers 2 and 4 saw it go
@@ -54,7 +54,7 @@ def test_survivors_agree_on_the_lost_and_refuse_without_a_majority():
         assert got["none lost"] == [], (rank, got)
         if rank != 4:
             assert got["late"] == [4], (rank, got)
-    assert got["late"] == ("ShrinkError: rank 4 reached the recovery after the others had "
+    assert got["late"] == ("StaleEpochError: rank 4 reached the recovery after the others had "
                            "agreed it was lost (lost: 4); it must leave the job. Fix: make it "
                            "reach the recovery sooner, or raise the wait")
     for rank in (0, 1):

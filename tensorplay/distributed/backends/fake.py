@@ -154,6 +154,9 @@ class FakeEngine:
     def allgather_text(self, text: str, step: str) -> list[str]:
         raise AssertionError("unreachable: a simulated world compares nothing")
 
+    def close_group(self, engine_group: Any) -> None:
+        """Nothing to close."""
+
     def destroy(self, adopted: bool) -> None:
         """Nothing to tear down."""
 

@@ -1,0 +1,186 @@
+"""Keep training when ranks die: the (2, 4) "dp" x "tp" MLP of train_dp_tp.py, elastic along dp.
+
+    tensorplay-run --nproc-per-node 8 --max-restarts 1 examples/train_elastic.py --steps 12 --kill 5@4
+
+Rank 5 SIGKILLs itself at step 4. The survivors agree it is lost, drop its "dp" slice (ranks
+4-7) and train on (1, 4); ranks 4, 6, 7 wait as spares. tensorplay-run restarts rank 5; once it
+and the spares wait, the members' next ``mesh.grow()`` returns the (2, 4) mesh and
+``sync_replicas`` copies the weights to the fresh ranks along "dp". Each step's batch is the
+same whatever the mesh (split over the "dp" rows there are), and a step that failed is done
+again from the weights before it, so at the end the weights must equal a single-process run on
+the same batches (within 1e-6): nothing lost, nothing counted twice. Exits 1 if they differ.
+Every step prints the mesh it ran on (from the member at coordinate (0, 0)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+import torch
+from train_dp_tp import D_IN, D_OUT, DTYPE, HIDDEN, LR, MESH_NAMES, MESH_SHAPE, SEED, backward
+
+import tensorplay.distributed as dist
+from tensorplay.distributed import init_device_mesh, sync_replicas
+
+BATCH = 16  # the global batch of every step, split over the "dp" rows of the mesh it runs on
+TOLERANCE = 1e-6
+FAILURES = (dist.RankFailedError, dist.DistributedTimeoutError)
+
+
+def parse_args() -> argparse.Namespace:
+    """--steps N, and --kill RANK@STEP (repeatable): that rank SIGKILLs itself at that step."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=12, help="SGD steps (default 12)")
+    p.add_argument("--kill", action="append", default=[], metavar="RANK@STEP",
+                   help="that rank SIGKILLs itself as it starts that step (first run only)")
+    p.add_argument("--min-replicas", type=int, default=1,
+                   help="elastic_min: the fewest 'dp' replicas to go on with (default 1)")
+    a = p.parse_args()
+    try:
+        a.kills = {int(r): int(s) for r, s in (k.split("@") for k in a.kill)}
+    except ValueError:
+        p.error(f"--kill takes RANK@STEP, e.g. 5@4; got {a.kill}")
+    if a.steps < 1:
+        p.error(f"--steps must be at least 1, got {a.steps}")
+    return a
+
+
+def weights() -> tuple[torch.Tensor, torch.Tensor]:
+    """The initial full W1, W2 (the same on every rank: same seed)."""
+    gen = torch.Generator().manual_seed(SEED)
+    w1 = torch.randn(D_IN, HIDDEN, generator=gen, dtype=DTYPE) / D_IN**0.5
+    return w1, torch.randn(HIDDEN, D_OUT, generator=gen, dtype=DTYPE) / HIDDEN**0.5
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step``'s full batch (inputs, targets), the same on every rank and in any mesh."""
+    gen = torch.Generator().manual_seed(SEED + 1 + step)
+    teacher = torch.randn(D_IN, D_OUT, generator=torch.Generator().manual_seed(SEED + 1000),
+                          dtype=DTYPE)
+    x = torch.randn(BATCH, D_IN, generator=gen, dtype=DTYPE)
+    return x, torch.tanh(x @ teacher)
+
+
+def train_step(mesh, w1, w2, step: int) -> float:
+    """One SGD step on this rank's shards and its "dp" row's share of the batch; in place."""
+    dp, dp_size = mesh.get_local_rank("dp"), mesh.size("dp")
+    x, target = (t.chunk(dp_size, dim=0)[dp] for t in batch(step))
+    z = x @ w1
+    h = torch.relu(z)
+    y = h @ w2
+    dist.all_reduce(y, group=mesh.get_group("tp"))
+    dw1, dw2 = backward(x, z, h, y, target, w2)
+    dist.all_reduce(dw1, op=dist.ReduceOp.AVG, group=mesh.get_group("dp"))
+    dist.all_reduce(dw2, op=dist.ReduceOp.AVG, group=mesh.get_group("dp"))
+    loss = ((y - target) ** 2).mean().reshape(1)
+    dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=mesh.get_group("dp"))
+    w1 -= LR * dw1  # only once every reduction of the step went through
+    w2 -= LR * dw2
+    return loss.item()
+
+
+def reference(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same training in one process: full weights, each step's full batch, autograd."""
+    w1, w2 = (w.requires_grad_() for w in weights())
+    for step in range(steps):
+        x, target = batch(step)
+        ((torch.relu(x @ w1) @ w2 - target) ** 2).mean().backward()
+        with torch.no_grad():
+            for w in (w1, w2):
+                w -= LR * w.grad
+                w.grad = None
+    return w1.detach(), w2.detach()
+
+
+def roll_back(mesh, state: list[torch.Tensor], before: list[torch.Tensor]) -> None:
+    """After a recovery: every member goes back to the earliest step any of them is at (a
+    rank may have finished the failed step that others did not: it undoes it)."""
+    step = state[2].clone()
+    for dim in MESH_NAMES:
+        dist.all_reduce(step, op=dist.ReduceOp.MIN, group=mesh.get_group(dim))
+    if step.item() < state[2].item():
+        for now, then in zip(state, before, strict=True):
+            now.copy_(then)
+
+
+def check(mesh, w1, w2, steps: int, say) -> bool:
+    """Whether this replica's weights are within TOLERANCE of one-process training; the
+    worst difference is agreed over the mesh, so every rank returns the same answer."""
+    tp = mesh.get_group("tp")
+    w1s = [torch.empty_like(w1) for _ in range(tp.size())]
+    w2s = [torch.empty_like(w2) for _ in range(tp.size())]
+    dist.all_gather(w1s, w1, group=tp)
+    dist.all_gather(w2s, w2, group=tp)
+    ref1, ref2 = reference(steps)
+    diff = torch.maximum((torch.cat(w1s, dim=1) - ref1).abs().max(),
+                         (torch.cat(w2s, dim=0) - ref2).abs().max()).reshape(1)
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX, group=mesh.get_group("dp"))
+    say(f"max abs diff vs single process: {diff.item():.3e} (tolerance {TOLERANCE:g})")
+    return bool(diff.item() <= TOLERANCE)
+
+
+def main() -> int:
+    """Train through losses and restarts; exit 1 when the weights differ from one process."""
+    a = parse_args()
+    dist.init_process_group()
+    rank, first_run = dist.get_rank(), os.environ.get("TENSORPLAY_RESTART_COUNT", "0") == "0"
+    mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=MESH_NAMES, elastic="dp",
+                            elastic_min=a.min_replicas)
+
+    def say(text: str) -> None:
+        if mesh.get_coordinate() == [0, 0]:
+            print(text, flush=True)
+
+    w1, w2 = weights()
+    tp_size = MESH_SHAPE[1]  # a rank outside the mesh (the members finished) keeps its place
+    tp = rank % tp_size if mesh.get_coordinate() is None else mesh.get_local_rank("tp")
+    state = [w1.chunk(tp_size, dim=1)[tp].clone(), w2.chunk(tp_size, dim=0)[tp].clone(),
+             torch.zeros(1, dtype=torch.int64)]  # my W1 columns, the same W2 rows, the step
+    before = [t.clone() for t in state]
+    sync, undo = bool(mesh.fresh_ranks), False
+    while True:
+        try:
+            if sync:  # new ranks in the mesh: they take the state of a replica that trained
+                sync_replicas(mesh, state)
+                sync = False
+            if undo:
+                roll_back(mesh, state, before)
+                undo = False
+            if mesh.get_coordinate() is None:  # a spare: wait until its slice is back
+                mesh = mesh.grow()
+                if mesh.get_coordinate() is None:  # the members finished without it
+                    return 0
+                sync = True
+                continue
+            step = int(state[2].item())
+            if step >= a.steps:
+                break
+            grown = mesh.grow()
+            if grown is not mesh:
+                mesh, sync = grown, True
+                say(f"mesh grew back to {mesh.shape} at epoch {mesh.epoch}; fresh ranks "
+                    f"{mesh.fresh_ranks}")
+                continue
+            if first_run and a.kills.get(rank) == step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            before = [t.clone() for t in state]
+            loss = train_step(mesh, state[0], state[1], step)
+            state[2] += 1
+            say(f"step {step + 1}/{a.steps}  mesh {mesh.shape} epoch {mesh.epoch}  "
+                f"loss {loss:.6f}")
+        except FAILURES as err:
+            mesh = mesh.recover(err)
+            undo = mesh.get_coordinate() is not None
+            say(f"recovered: mesh {mesh.shape} at epoch {mesh.epoch}, ranks "
+                f"{mesh.mesh.flatten().tolist()}")
+    ok = check(mesh, state[0], state[1], a.steps, say)
+    say("OK: matches single-process training" if ok else "MISMATCH: differs from one process")
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The chain of epochs of an elastic mesh, kept in the job's store: who is in each epoch.
+
+An elastic mesh (``init_device_mesh(..., elastic="dp")``) lives through epochs. Epoch k ends
+in exactly one way, written once (``compare_set``) under ``elastic/e<k>/next``: the next
+epoch's mesh (shape, ranks, the ranks that join it fresh), or the end of the job (why). Every
+rank that moves on reads the same record, so nobody's own view changes the membership:
+
+- a recovery (``mesh.recover(err)``) writes the shrunk mesh once the survivors agreed on the
+  lost ranks (``_survivors``);
+- a grow poll (``mesh.grow()``, every member at the same point of its loop) writes the grown
+  mesh when ranks wait to join (``elastic/want/<rank>``: a replacement the launcher started, a
+  spare of a removed slice) and every rank of a removed slice is there again;
+- a waiting rank follows the chain from the epoch it knows, until a record admits it (its
+  token, ``"<pid> <host>"``, is in ``admitted``), ends the job (``end``: it raises), or says the
+  members finished (``finished``, written at their destroy_process_group: it leaves).
+
+Worked example, (2, 4) named ("dp", "tp"), elastic "dp", rank 5 SIGKILLed at step 4:
+
+    e0/next = {"epoch": 1, "shape": [1, 4], "ranks": [0, 1, 2, 3], "lost": [5]}
+    (rank 5 restarted; it and spares 4, 6, 7 post elastic/want/<r>)
+    e1/poll/3 = the third grow() poll of epoch 1 finds slice 1 complete:
+    e1/next = {"epoch": 2, "shape": [2, 4], "ranks": [0, ..., 7], "fresh": [4, 5, 6, 7],
+               "admitted": {"4": "812 hostA", "5": "977 hostA", ...}}
+
+Cost: a grow poll is one ``check`` and one ``get`` or ``compare_set`` per member (the first
+member to arrive also checks the missing ranks' want keys); nothing here is O(world) per step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import _keys
+from ._shrink import grow
+from .errors import DistributedTimeoutError, ShrinkError
+
+POLL_S = 0.05  # how often a waiting rank reads the chain
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """What an elastic mesh remembers: its dim, minimum, full layout, epoch, fresh ranks.
+
+    ``fresh`` are the ranks that joined at this epoch and hold no training state yet
+    (``sync_replicas`` fills them from a replica that trained). O(world size) once per mesh.
+    """
+
+    dim: int
+    minimum: int
+    full_shape: tuple[int, ...]
+    full_ranks: tuple[int, ...]
+    epoch: int = 0
+    fresh: tuple[int, ...] = ()
+
+    def at(self, decision: dict[str, Any]) -> Elastic:
+        """This plan in the epoch ``decision`` opens."""
+        return Elastic(self.dim, self.minimum, self.full_shape, self.full_ranks,
+                       decision["epoch"], tuple(decision.get("fresh", ())))
+
+
+def next_of(store: Any, epoch: int, proposal: dict[str, Any]) -> dict[str, Any]:
+    """What follows ``epoch``: ``proposal`` if it is the first written, else the first."""
+    key = _keys.ELASTIC_NEXT.format(epoch=epoch)
+    return json.loads(store.compare_set(key, "", json.dumps(proposal)))
+
+
+def end(store: Any, epoch: int, why: str) -> None:
+    """Write that the job ends after ``epoch`` (ranks waiting to join read why), unless
+    another record came first."""
+    next_of(store, epoch, {"end": why})
+
+
+def finish(store: Any, epoch: int, shape: tuple[int, ...], ranks: list[int]) -> None:
+    """The members are done (destroy_process_group): ranks still waiting to join get the last
+    mesh, which does not hold them, and leave."""
+    next_of(store, epoch, {"finished": f"the members finished at epoch {epoch}",
+                           "epoch": epoch, "shape": list(shape), "ranks": ranks})
+
+
+def poll(store: Any, plan: Elastic, n: int, members: set[int]) -> dict[str, Any] | None:
+    """The members' ``n``-th grow poll of this epoch: the grown mesh, or None (the same on
+    every member: the first to arrive decides)."""
+    key = _keys.ELASTIC_POLL.format(epoch=plan.epoch, n=n)
+    if store.check([key]):
+        decided = json.loads(store.get(key))
+    else:
+        decided = json.loads(store.compare_set(key, "", json.dumps(_growth(store, plan,
+                                                                           members))))
+    return decided or None
+
+
+def _growth(store: Any, plan: Elastic, members: set[int]) -> dict[str, Any]:
+    """The grown mesh if waiting ranks complete a removed slice, else {}."""
+    missing = [r for r in plan.full_ranks if r not in members]
+    keys = [_keys.ELASTIC_WANT.format(rank=r) for r in missing]
+    waiting = {r: store.get(k).decode() for r, k in zip(missing, keys, strict=True)
+               if store.check([k])}
+    shape, ranks = grow(plan.full_shape, plan.full_ranks, plan.dim, members | set(waiting))
+    admitted = {str(r): waiting[r] for r in ranks if r in waiting}
+    if not admitted:
+        return {}
+    return {"epoch": plan.epoch + 1, "shape": list(shape), "ranks": list(ranks),
+            "fresh": sorted(int(r) for r in admitted), "admitted": admitted}
+
+
+def want(store: Any, rank: int, token: str) -> None:
+    """Say that ``rank`` (this process, ``token``) waits to join the mesh."""
+    store.set(_keys.ELASTIC_WANT.format(rank=rank), token)
+
+
+def await_admission(store: Any, rank: int, token: str, epoch: int,
+                    timeout_s: float) -> dict[str, Any]:
+    """Follow the chain from ``epoch`` until a record admits ``token`` or says the members
+    finished; that record.
+
+    Raises ShrinkError when the job ended (naming why), DistributedTimeoutError after
+    ``timeout_s`` (the members never grew: no grow() poll, or a slice still incomplete).
+    """
+    want(store, rank, token)
+    began = time.monotonic()
+    while True:
+        key = _keys.ELASTIC_NEXT.format(epoch=epoch)
+        if store.check([key]):
+            decision = json.loads(store.get(key))
+            if "end" in decision:
+                raise ShrinkError(f"rank {rank} waited to join, but the job ended: "
+                                  f"{decision['end']}")
+            if "finished" in decision or decision.get("admitted", {}).get(str(rank)) == token:
+                return decision
+            epoch = decision["epoch"]
+            continue
+        if time.monotonic() - began > timeout_s:
+            raise DistributedTimeoutError(
+                f"rank {rank} waiting to join the elastic mesh after epoch {epoch}", timeout_s,
+                None, who="no member admitted it",
+                fix="Fix: the members admit waiting ranks only in mesh.grow(), once every rank "
+                    "of a removed slice waits: call mesh.grow() once per step on every member, "
+                    "and keep the spares of a removed slice waiting in mesh.grow()")
+        time.sleep(POLL_S)
