@@ -1,6 +1,7 @@
-"""Keep training when ranks die: the (2, 4) "dp" x "tp" MLP of train_dp_tp.py, elastic along dp.
+"""Keep training when ranks die: the (2, 4) "dp" x "tp" MLP of train_dp_tp.py, elastic on "dp".
 
-    tensorplay-run --nproc-per-node 8 --max-restarts 1 examples/train_elastic.py --steps 12 --kill 5@4
+    tensorplay-run --nproc-per-node 8 --max-restarts 1 \
+        examples/train_elastic.py --steps 12 --kill 5@4
 
 Rank 5 SIGKILLs itself at step 4. The survivors agree it is lost, drop its "dp" slice (ranks
 4-7) and train on (1, 4); ranks 4, 6, 7 wait as spares. tensorplay-run restarts rank 5; once it
@@ -9,7 +10,13 @@ and the spares wait, the members' next ``mesh.grow()`` returns the (2, 4) mesh a
 same whatever the mesh (split over the "dp" rows there are), and a step that failed is done
 again from the weights before it, so at the end the weights must equal a single-process run on
 the same batches (within 1e-6): nothing lost, nothing counted twice. Exits 1 if they differ.
-Every step prints the mesh it ran on (from the member at coordinate (0, 0)).
+Every step prints the mesh it ran on and the wall time ``t=`` (from the member at coordinate
+(0, 0)), so the time from a kill to the first step on the shrunk mesh can be read off.
+
+Other faults, for the tests and bench/recovery.py: ``--stop RANK@STEP`` (that rank SIGSTOPs
+itself: hung; tensorplay-run kills it after --node-grace-s), ``--stall RANK@STEP:SECONDS``
+(it sleeps, and comes back after the others went on: a straggler of the old epoch),
+``--die-in-recovery RANK`` (it SIGKILLs itself as it starts a recovery).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 
 import torch
 from train_dp_tp import D_IN, D_OUT, DTYPE, HIDDEN, LR, MESH_NAMES, MESH_SHAPE, SEED, backward
@@ -34,15 +42,30 @@ def parse_args() -> argparse.Namespace:
     """--steps N, and --kill RANK@STEP (repeatable): that rank SIGKILLs itself at that step."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=12, help="SGD steps (default 12)")
+    p.add_argument("--step-s", type=float, default=1.0,
+                   help="seconds each step lasts, standing in for a real model's compute, so a "
+                        "restarted rank can join before the end (default 1)")
     p.add_argument("--kill", action="append", default=[], metavar="RANK@STEP",
                    help="that rank SIGKILLs itself as it starts that step (first run only)")
     p.add_argument("--min-replicas", type=int, default=1,
                    help="elastic_min: the fewest 'dp' replicas to go on with (default 1)")
+    p.add_argument("--stop", action="append", default=[], metavar="RANK@STEP",
+                   help="for tests: that rank SIGSTOPs itself as it starts that step (hung)")
+    p.add_argument("--stall", action="append", default=[], metavar="RANK@STEP:SECONDS",
+                   help="for tests: that rank sleeps SECONDS as it starts that step")
+    p.add_argument("--die-in-recovery", type=int, action="append", default=[], metavar="RANK",
+                   help="for tests: that rank SIGKILLs itself as it starts a recovery")
+    p.add_argument("--verbose", action="store_true",
+                   help="every rank prints the mesh it gets at each recovery or growth")
     a = p.parse_args()
     try:
         a.kills = {int(r): int(s) for r, s in (k.split("@") for k in a.kill)}
-    except ValueError:
-        p.error(f"--kill takes RANK@STEP, e.g. 5@4; got {a.kill}")
+        a.stops = {int(r): int(s) for r, s in (k.split("@") for k in a.stop)}
+        a.stalls = {int(r): (int(s.split(":")[0]), float(s.split(":")[1]))
+                    for r, s in (k.split("@") for k in a.stall)}
+    except (ValueError, IndexError):
+        p.error(f"--kill and --stop take RANK@STEP (e.g. 5@4), --stall RANK@STEP:SECONDS; got "
+                f"{a.kill + a.stop + a.stall}")
     if a.steps < 1:
         p.error(f"--steps must be at least 1, got {a.steps}")
     return a
@@ -125,14 +148,19 @@ def check(mesh, w1, w2, steps: int, say) -> bool:
 def main() -> int:
     """Train through losses and restarts; exit 1 when the weights differ from one process."""
     a = parse_args()
+    began = time.time()
     dist.init_process_group()
     rank, first_run = dist.get_rank(), os.environ.get("TENSORPLAY_RESTART_COUNT", "0") == "0"
     mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=MESH_NAMES, elastic="dp",
                             elastic_min=a.min_replicas)
 
-    def say(text: str) -> None:
-        if mesh.get_coordinate() == [0, 0]:
-            print(text, flush=True)
+    def say(text: str, everyone: bool = False) -> None:
+        if mesh.get_coordinate() == [0, 0] or everyone:
+            print(f"{text}  t={time.time():.3f}", flush=True)
+
+    if not first_run:
+        say(f"rank {rank} restarted at t={began:.3f}, joined the mesh {mesh.shape} at epoch "
+            f"{mesh.epoch}", True)
 
     w1, w2 = weights()
     tp_size = MESH_SHAPE[1]  # a rank outside the mesh (the members finished) keeps its place
@@ -152,8 +180,11 @@ def main() -> int:
             if mesh.get_coordinate() is None:  # a spare: wait until its slice is back
                 mesh = mesh.grow()
                 if mesh.get_coordinate() is None:  # the members finished without it
+                    say(f"rank {rank}: the members finished without it; leaving", True)
                     return 0
                 sync = True
+                say(f"rank {rank} is back in the mesh {mesh.shape} at epoch {mesh.epoch}",
+                    a.verbose)
                 continue
             step = int(state[2].item())
             if step >= a.steps:
@@ -161,21 +192,31 @@ def main() -> int:
             grown = mesh.grow()
             if grown is not mesh:
                 mesh, sync = grown, True
-                say(f"mesh grew back to {mesh.shape} at epoch {mesh.epoch}; fresh ranks "
-                    f"{mesh.fresh_ranks}")
+                say(f"rank {rank}: mesh grew back to {mesh.shape} at epoch {mesh.epoch}; fresh "
+                    f"ranks {mesh.fresh_ranks}", a.verbose)
                 continue
             if first_run and a.kills.get(rank) == step:
+                say(f"rank {rank} kills itself at step {step + 1}", True)
                 os.kill(os.getpid(), signal.SIGKILL)
+            if first_run and a.stops.get(rank) == step:
+                say(f"rank {rank} stops itself (SIGSTOP) at step {step + 1}", True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            if first_run and rank in a.stalls and a.stalls[rank][0] == step:
+                say(f"rank {rank} stalls {a.stalls[rank][1]:g} s at step {step + 1}", True)
+                time.sleep(a.stalls.pop(rank)[1])
             before = [t.clone() for t in state]
+            time.sleep(a.step_s)
             loss = train_step(mesh, state[0], state[1], step)
             state[2] += 1
             say(f"step {step + 1}/{a.steps}  mesh {mesh.shape} epoch {mesh.epoch}  "
                 f"loss {loss:.6f}")
         except FAILURES as err:
+            if rank in a.die_in_recovery:
+                os.kill(os.getpid(), signal.SIGKILL)
             mesh = mesh.recover(err)
             undo = mesh.get_coordinate() is not None
-            say(f"recovered: mesh {mesh.shape} at epoch {mesh.epoch}, ranks "
-                f"{mesh.mesh.flatten().tolist()}")
+            say(f"rank {rank} recovered: mesh {mesh.shape} at epoch {mesh.epoch}, ranks "
+                f"{mesh.mesh.flatten().tolist()}", a.verbose)
     ok = check(mesh, state[0], state[1], a.steps, say)
     say("OK: matches single-process training" if ok else "MISMATCH: differs from one process")
     dist.destroy_process_group()

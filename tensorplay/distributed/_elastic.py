@@ -29,15 +29,21 @@ member to arrive also checks the missing ranks' want keys); nothing here is O(wo
 from __future__ import annotations
 
 import json
+import threading
 import time
+from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _keys
 from ._shrink import grow
 from .errors import DistributedTimeoutError, ShrinkError
 
+if TYPE_CHECKING:
+    from .world import World
+
 POLL_S = 0.05  # how often a waiting rank reads the chain
+WATCH_S = 0.2  # how often each rank looks for a recovery begun elsewhere (per 1,000 ranks)
 
 
 @dataclass(frozen=True)
@@ -140,3 +146,39 @@ def await_admission(store: Any, rank: int, token: str, epoch: int,
                     "of a removed slice waits: call mesh.grow() once per step on every member, "
                     "and keep the spares of a removed slice waiting in mesh.grow()")
         time.sleep(POLL_S)
+
+
+def recovering(store: Any, epoch: int, rank: int) -> None:
+    """Say that a recovery of ``epoch`` began (this rank caught a failure): every rank's
+    watcher then breaks its connections of that epoch, so none stays blocked in a collective
+    with a peer that is stalled, or itself blocked elsewhere."""
+    store.set(_keys.ELASTIC_RECOVERING.format(epoch=epoch), str(rank))
+
+
+def watch(world: World) -> None:
+    """Start this rank's watcher (once per world): when a recovery of the current epoch begins
+    anywhere, break this rank's groups of that epoch (``World.sever_epoch``). A rank blocked
+    in a collective whose peer never comes (stalled, or blocked itself) then fails at once
+    and comes to the recovery, instead of waiting out its timeout and being declared lost.
+
+    One ``check`` on its own store connection every WATCH_S (x world size / 1,000): 40
+    requests a second at the store for 8 ranks, 5,000 for 100,000 ranks (every 20 s each).
+    """
+    if getattr(world, "_elastic_watch", False):
+        return
+    world._elastic_watch = True  # type: ignore[attr-defined]
+    store = world.store.clone()
+    every = WATCH_S * max(1.0, world.size / 1000)
+
+    def run() -> None:
+        while world.alive:
+            epoch = world.spmd.epoch
+            with suppress(Exception):  # the store gone: the main thread will say so
+                if store.check([_keys.ELASTIC_RECOVERING.format(epoch=epoch)]):
+                    world.sever_epoch(epoch)
+                    while world.alive and world.spmd.epoch == epoch:
+                        time.sleep(every)
+                    continue
+            time.sleep(every)
+
+    threading.Thread(target=run, daemon=True, name="tensorplay elastic watch").start()

@@ -208,6 +208,12 @@ class Engine(Protocol):
         engine must not list them: a group may hold a million ranks)."""
         ...
 
+    def sever(self, engine_group: Any) -> None:
+        """Break one engine group's connections now, from any thread: this rank's call
+        blocked in it fails at once, as do its peers' (an elastic recovery began elsewhere).
+        The group is not torn down; ``close_group`` does that later."""
+        ...
+
     def close_group(self, engine_group: Any) -> None:
         """Tear one engine group down now, closing its connections, so that peers blocked on
         this rank in it fail at once instead of waiting out their timeout (an elastic mesh's

@@ -40,9 +40,9 @@ STRICT_CALL = "strict/{group}/{n}/{rank}"  # a member's call #n, in words (stric
 
 # -- elastic keys: the chain of epochs (``_elastic``), per world but across epochs ------------
 ELASTIC_NEXT = "elastic/e{epoch}/next"  # what follows epoch k: its mesh, or the end (JSON)
+ELASTIC_RECOVERING = "elastic/e{epoch}/recovering"  # a member began recover() in epoch k
 ELASTIC_POLL = "elastic/e{epoch}/poll/{n}"  # the members' n-th grow() poll in epoch k: decided
 ELASTIC_WANT = "elastic/want/{rank}"  # a rank waiting to join: "<token>" (a replacement, a spare)
-ELASTIC_LOST = "elastic/lost/{rank}"  # the launcher saw this rank's process die: "<pid>"
 
 _worlds_started = 0  # worlds this process has started: the k of their key prefix
 

@@ -187,10 +187,12 @@ def _print_uncaught(exc: BaseException) -> None:
 
 
 def _peer_lost(exc: BaseException) -> bool:
-    """Whether the script died of our RankFailedError or DistributedTimeoutError: a peer is
-    gone or silent, so the process's groups hold connections to it."""
+    """Whether the script died of one of our errors that follow a lost peer (RankFailedError,
+    DistributedTimeoutError; an elastic mesh's ShrinkError, StaleEpochError): the process's
+    groups hold connections to a peer that is gone or silent."""
     return (type(exc).__module__ == "tensorplay.distributed.errors"
-            and type(exc).__name__ in ("RankFailedError", "DistributedTimeoutError"))
+            and type(exc).__name__ in ("RankFailedError", "DistributedTimeoutError",
+                                       "ShrinkError", "StaleEpochError"))
 
 
 def _exit_skipping_teardown(code: int) -> None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _elastic, _env
 from ._elastic import Elastic
+from ._failures import dead_on_this_host
 from ._mesh_spec import MeshSpec
 from ._shrink import shrink
 from ._survivors import agree_lost
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from .device_mesh import DeviceMesh
     from .world import World
 
-WAIT_S = 5.0  # a survivor that never comes to the recovery is lost after this (a majority in)
+WAIT_S = 10.0  # a rank not seen dead that never comes to the recovery is lost after this
 
 
 def plan_of(mesh: DeviceMesh, what: str) -> Elastic:
@@ -60,14 +61,18 @@ def recover(mesh: DeviceMesh, err: BaseException, *, wait_s: float = WAIT_S,
             f"recover(): rank {world.rank} is a spare, not in the mesh of epoch {plan.epoch}. "
             f"Fix: a spare waits in mesh.grow() until its slice is filled again")
     store = world.store
-    _let_go(err)
-    world.close_epoch(f"was closed by the recovery after a failure in epoch {plan.epoch}")
+    _elastic.recovering(store, plan.epoch, world.rank)
+    closed = world.close_epoch(f"was closed by the recovery after a failure in epoch "
+                               f"{plan.epoch}")
+    _let_go(err)  # the failed call's frames let go of its engine group; this thread keeps
+    world.let_go(closed)  # the last reference, dropped on another (see World.let_go)
     suspects = getattr(err, "ranks", None) or getattr(err, "missing", None) or []
     members = spec.ranks().tolist()
     limit = world.timeout.total_seconds() if timeout_s is None else timeout_s
     try:
         lost = agree_lost(store, f"recover/e{plan.epoch}", world.rank, members, suspects,
-                          wait_s=wait_s, timeout_s=limit)
+                          wait_s=wait_s, timeout_s=limit,
+                          dead=lambda: [r for r, _ in dead_on_this_host(world, 0.0)])
         names = spec.names
         shrunk = shrink(spec.shape, members, plan.dim, lost, minimum=plan.minimum,
                         dim_name=names[plan.dim] if names else None)
@@ -124,15 +129,11 @@ def token() -> str:
 def enter(world: World, mesh: DeviceMesh, plan: Elastic, decision: dict[str, Any]
           ) -> DeviceMesh:
     """The mesh of the epoch ``decision`` opens, with its groups made afresh."""
-    from .device_mesh import DeviceMesh, _make_groups
-
     if "end" in decision:
         raise ShrinkError(decision["end"])
+    spec = MeshSpec.from_ranks(tuple(decision["shape"]), decision["ranks"], mesh._spec.names)
     if "finished" in decision:  # a waiting rank: the last mesh, without it; no groups
-        spec = MeshSpec.from_ranks(tuple(decision["shape"]), decision["ranks"],
-                                   mesh._spec.names)
-        return DeviceMesh._make(world, mesh._device_type, spec, spec, mesh._backends, (),
-                                plan.at(decision))
+        return mesh._next(spec, plan.at(decision))
     if world.rank in decision.get("lost", ()):
         raise StaleEpochError(
             f"rank {world.rank} is still in epoch {plan.epoch}, but the others agreed it was "
@@ -145,6 +146,4 @@ def enter(world: World, mesh: DeviceMesh, plan: Elastic, decision: dict[str, Any
         pid, _, host = who.partition(" ")
         if world.host_pids is not None and host == _env.hostname():
             world.host_pids[int(rank)] = int(pid)  # the death watch knows the new process
-    spec = MeshSpec.from_ranks(tuple(decision["shape"]), decision["ranks"], mesh._spec.names)
-    return DeviceMesh._make(world, mesh._device_type, spec, spec, mesh._backends,
-                            _make_groups(world, spec, mesh._backends), plan.at(decision))
+    return mesh._next(spec, plan.at(decision))

@@ -5,72 +5,88 @@ what it saw (the ranks its error named). Membership never changes from one rank'
 survivor gets the same set of lost ranks, or the same refusal, because the store decides once
 (``compare_set`` on one key: the first verdict posted stands and every caller reads it).
 
-At round ``key`` each survivor posts ``here/<rank>`` with its suspects, then watches the others
-arrive. It decides once every member not suspected by anyone has posted (suspects get
-``SUSPECT_GRACE_S`` to show they are alive), or once ``wait_s`` has passed with a majority
-posted. The ranks that never posted are lost. Without a majority of ``members`` by
-``timeout_s`` the verdict is a refusal (no split brain: two halves cannot both go on, as only
-one can hold a majority). A rank that posts after the verdict finds itself among the lost.
+At round ``key`` each survivor posts ``here/<rank>``: its suspects and the members it has seen
+die (their process gone from its host), then watches the others arrive. It decides as soon as
+every member has posted or was seen dead; else once every member not suspected by anyone has
+posted (suspects not seen dead get ``SUSPECT_GRACE_S`` to show they are alive), or once
+``wait_s`` has passed with a majority posted. The ranks that never posted are lost. Without a
+majority of the members not seen dead, the verdict is a refusal (no split brain: two halves
+cannot both go on, as only one can hold a majority; a dead rank cannot go on anywhere). A rank
+that posts after the verdict finds itself among the lost.
 
-Worked example: members 0..7, rank 5 SIGKILLed. Ranks 1 and 4 (its peers) suspect {5}; the
-other five survivors suspect nothing. Once ranks 0-4, 6, 7 have posted (5 is suspected, so
-nobody waits past SUSPECT_GRACE_S for it) the first to look decides lost = [5]; every
-survivor returns [5]. Cost: one post and about one check per member per poll (n = 8: tens of
-store calls over ~1 s); a store that can be reached is all it needs (tensorplay-run serves it
-on node 0, so it outlives any rank).
+Worked example: members 0..7 on one host, rank 5 SIGKILLed. Every survivor sees pid of rank 5
+gone; once ranks 0-4, 6, 7 have posted the first to look decides lost = [5], with no wait;
+every survivor returns [5]. Were rank 5 on another host (not seen dead), its peers' errors
+name it and the others decide SUSPECT_GRACE_S after they began. Cost: one post and about one
+check per member per poll (n = 8: tens of store calls); a store that can be reached is all it
+needs (tensorplay-run serves it on node 0, so it outlives any rank).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .errors import ShrinkError, StaleEpochError, format_ranks
 
 POLL_S = 0.05
-SUSPECT_GRACE_S = 1.0  # a suspected rank that is alive has this long to say so
+SUSPECT_GRACE_S = 3.0  # a suspected rank (not seen dead) that is alive has this long to say so
 
 
 def agree_lost(store: Any, key: str, rank: int, members: Sequence[int],
-               suspects: Iterable[int], *, wait_s: float = 5.0,
-               timeout_s: float = 60.0) -> list[int]:
+               suspects: Iterable[int], *, wait_s: float = 10.0,
+               timeout_s: float = 60.0,
+               dead: Callable[[], Iterable[int]] = lambda: ()) -> list[int]:
     """The lost ranks of ``members``, the same on every survivor (see the module docstring).
 
-    Raises ShrinkError when the survivors are no majority of ``members`` by ``timeout_s``, and
-    StaleEpochError when this rank arrived after the others had declared it lost.
+    ``dead()`` names the members this rank knows are gone (their process has ended on this
+    host); asked at every poll, and posted with this rank's suspects, so no survivor waits
+    for a rank any survivor saw die. Raises ShrinkError when the survivors are no majority of
+    ``members`` by ``timeout_s``, and StaleEpochError when this rank arrived after the others
+    had declared it lost.
     """
     members = list(members)
     start = time.monotonic()
-    store.set(f"{key}/here/{rank}", json.dumps(sorted(set(suspects))))
-    posted: dict[int, list[int]] = {}
+    mine = {"suspects": sorted(set(suspects)), "dead": sorted(set(dead()))}
+    store.set(f"{key}/here/{rank}", json.dumps(mine))
+    posted: dict[int, dict[str, list[int]]] = {}
     verdict_key = f"{key}/verdict"
     while not store.check([verdict_key]):
         for m in members:
             if m not in posted and store.check([f"{key}/here/{m}"]):
                 posted[m] = json.loads(store.get(f"{key}/here/{m}"))
-        suspected = {s for seen in posted.values() for s in seen}
+        gone = set(dead()).union(*(p["dead"] for p in posted.values()))
+        suspected = set().union(*(p["suspects"] for p in posted.values())) - gone
         waited = time.monotonic() - start
-        majority = 2 * len(posted) > len(members)
-        everyone = len(posted) == len(members)
-        unsuspected_in = set(members) - suspected <= set(posted)
-        if (everyone or (unsuspected_in and waited >= SUSPECT_GRACE_S)
+        majority = 2 * len(posted) > len(set(members) - gone)  # of those not seen dead: the
+        # dead cannot go on elsewhere, but an absent rank not seen dead might (split brain)
+        accounted = set(members) <= set(posted) | gone
+        unsuspected_in = set(members) - suspected - gone <= set(posted)
+        if (accounted or (unsuspected_in and waited >= SUSPECT_GRACE_S)
                 or (majority and waited >= wait_s) or waited >= timeout_s):
             lost = sorted(set(members) - set(posted))
-            mine = {"lost": lost} if majority else {"refused": sorted(posted)}
-            store.compare_set(verdict_key, "", json.dumps(mine))
+            verdict = {"lost": lost} if majority else {"refused": sorted(posted)}
+            rule = ("every member posted or was seen dead" if accounted else
+                    "the suspects had their grace" if unsuspected_in else "the wait ran out")
+            seen = format_ranks(sorted(gone)) if gone else "none"
+            named = format_ranks(sorted(suspected)) if suspected else "none"
+            verdict["why"] = (f"decided by rank {rank} after {waited:.1f} s, {rule}; seen "
+                              f"dead: {seen}; suspected: {named}")
+            store.compare_set(verdict_key, "", json.dumps(verdict))
             break
         time.sleep(POLL_S)
     verdict = json.loads(store.get(verdict_key))
     if "refused" in verdict:
         raise ShrinkError(
             f"only ranks {format_ranks(verdict['refused'])} of {len(members)} members came to "
-            f"the recovery within {timeout_s:g} s: no majority, so no part of the job may go "
-            f"on alone. Fix: restart the job from its last checkpoint")
+            f"the recovery ({verdict['why']}): no majority of the members not seen dead, so "
+            f"no part of the job may go on alone. Fix: restart the job from its last checkpoint")
     if rank in verdict["lost"]:
         raise StaleEpochError(
             f"rank {rank} reached the recovery after the others had agreed it was lost "
-            f"(lost: {format_ranks(verdict['lost'])}); it must leave the job. Fix: make it "
+            f"(lost: {format_ranks(verdict['lost'])}; {verdict.get('why', '')}); it must leave "
+            f"the job. Fix: make it "
             f"reach the recovery sooner, or raise the wait")
     return verdict["lost"]

@@ -228,6 +228,12 @@ class DeviceMesh:
         self._alive("grow()")
         return grow(self)
 
+    def _next(self, spec: MeshSpec, plan: Elastic) -> DeviceMesh:
+        """The mesh of a new elastic epoch: ``spec``'s groups made in the current epoch (by
+        their members: none outside the mesh), this mesh's device and backends."""
+        return DeviceMesh._make(self._world, self._device_type, spec, spec, self._backends,
+                                _make_groups(self._world, spec, self._backends), plan)
+
     # -- hosts, reports, pictures -------------------------------------------------------------
     def host_of(self):
         """Which host each world rank runs on: ``mesh.host_of()(5)`` -> 'node1'.
@@ -702,6 +708,9 @@ def init_device_mesh(
         replicas[0], replicas[1], shape, tuple(spec.ranks().tolist()))
     if plan is not None:
         world.elastic = shape
+        from ._elastic import watch
+
+        watch(world)
     if joining:
         from ._recover import join
 

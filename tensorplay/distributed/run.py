@@ -65,7 +65,6 @@ JOIN_TIMEOUT_S = 300.0  # default --join-timeout-s
 NODE_GRACE_ENV = "TENSORPLAY_NODE_GRACE_S"
 HANG_ENV = "TENSORPLAY_HANG_TIMEOUT_S"
 JOIN_ENV = "TENSORPLAY_JOIN_TIMEOUT_S"
-GLOO_LAZY = "TORCH_GLOO_LAZY_INIT"
 ELASTIC_TAIL_S = 10.0  # elastic: a restarted rank still waiting to join when all others ended
 STOP_FAST_S = 2.0  # a node lost or stopped elsewhere: SIGTERM, then SIGKILL after at most this
 LOST_SETTLE_S = 0.5  # a node lost: what is left of --settle-s for this node's ranks to end
@@ -482,10 +481,8 @@ def _start(
                     agent_store=a.serve_store)
     if a.hang_timeout_s is not None:
         env[_rank_main.BEAT_S] = "1"
-    if a.max_restarts is not None:  # elastic: a restarted rank must be able to start a world
-        env.setdefault(GLOO_LAZY, "1")  # whose other ranks are far past theirs (gloo connects
-        if restart:                     # each pair on its first use, not at init)
-            env[_env.TENSORPLAY_RESTART_COUNT] = str(restart)
+    if restart:  # elastic mode: this rank joins a running job's elastic mesh
+        env[_env.TENSORPLAY_RESTART_COUNT] = str(restart)
     if a.verdict_file:
         env[VERDICT_FILE] = a.verdict_file
     report_r, report_w = os.pipe()
@@ -680,10 +677,12 @@ class Job:
         return None
 
     def restart_if_lost(self, rank: int) -> bool:
-        """Elastic mode: restart ``rank`` if a signal ended it and it has restarts left."""
+        """Elastic mode: restart ``rank`` if a signal ended it while its script ran (killed,
+        or hung and killed here) and it has restarts left."""
         end = self.ends[rank]
-        if end.code is None or end.code >= 0:
-            return False  # its script ended it: final
+        said = (end.report or {}).get("event")
+        if end.code is None or end.code >= 0 or said not in (None, "hung"):
+            return False  # its script ended (returned, raised, exited) before it died: final
         done = self.restarts.get(rank, 0)
         again = done < self.a.max_restarts
         self.lost.append((end, again))
@@ -709,7 +708,7 @@ class Job:
         by_script = [e for e in ends if e not in final_lost and e.stop_t is None
                      and self.failing(e.rank)]
         went_on = any(e.kind() == "ok" for e in ends)
-        if by_script or not went_on:
+        if not went_on:
             return self.conclude()
         if self.lost:
             restarted = sorted({e.rank for e, again in self.lost if again})
@@ -717,8 +716,9 @@ class Job:
             words = [f"{ranks_phrase(restarted)} restarted"] if restarted else []
             words += [f"{ranks_phrase(gone)} lost for good"] if gone else []
             self.out.say(f"elastic: {len(self.lost)} rank loss(es) survived ("
-                         f"{'; '.join(words)}); the job went on to its end.")
-        return 0
+                         f"{'; '.join(words)}); the job went on to its end"
+                         f"{', but a script failed:' if by_script else '.'}")
+        return self.conclude([e for e in ends if e not in final_lost]) if by_script else 0
 
     def kill_hung(self, running: set[int]) -> float | None:
         """Kill the ranks that are hung (``_hangs``), recording why; when one was, the time."""
@@ -780,9 +780,10 @@ class Job:
             if self.ends[r].code is None:
                 self.ends[r].code = proc.returncode
 
-    def conclude(self) -> int:
-        """Print what went wrong (tail, tracebacks, summary) and return the exit status."""
-        ends = list(self.ends.values())
+    def conclude(self, ends: list[RankEnd] | None = None) -> int:
+        """Print what went wrong (tail, tracebacks, summary) and return the exit status;
+        ``ends``: the ranks to judge (default all)."""
+        ends = list(self.ends.values()) if ends is None else ends
         v = self.verdict
         elsewhere = v is not None and (v.kind != "failed" or v.node != self.a.node_rank)
         if not any(self.failing(e.rank) for e in ends) and not elsewhere:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -134,20 +135,41 @@ class World:
         """How many groups are registered in this world, the world group included."""
         return len(self._groups)
 
-    def close_epoch(self, why: str) -> None:
+    def close_epoch(self, why: str) -> list[Any]:
         """Retire every group of this epoch, the world group included (it may hold a lost
-        rank), and close their engine groups now: a peer blocked on this rank in one of them
-        fails at once and comes to the recovery too. ``why`` ends "the 'dp' group [1, 5] ..."
-        in the StaleEpochError of a later use."""
+        rank), and close their engine groups: a peer blocked on this rank in one of them fails
+        at once and comes to the recovery too. ``why`` ends "the 'dp' group [1, 5] ..." in the
+        StaleEpochError of a later use. Returns the engine groups, for ``let_go``."""
         self._native.clear()  # the engine's meshes hold our groups' engine groups
+        closed = []
         for group in self._groups.values():
             if group.retired:
                 continue
             engine_group = group.retire(why)
             if engine_group is not None and group is not self.default_group:
+                closed.append(engine_group)
                 with suppress(Exception):  # a group already broken closes as it can
                     self.engine.close_group(engine_group)
-        gc.collect()  # an engine group in a reference cycle closes now, not some time later
+        return closed
+
+    def sever_epoch(self, epoch: int) -> None:
+        """Break the connections of this epoch's groups if ``epoch`` is still current (from the
+        elastic watcher's thread: a recovery began elsewhere and this rank may be blocked in
+        a collective with a peer that will never come)."""
+        for group in list(self._groups.values()):
+            engine_group = group.engine_group
+            if (self.spmd.epoch == epoch and engine_group is not None and not group.retired
+                    and group is not self.default_group):
+                with suppress(Exception):
+                    self.engine.sever(engine_group)
+
+    @staticmethod
+    def let_go(engine_groups: list[Any]) -> None:
+        """Drop the last references to closed engine groups on a daemon thread: a gloo
+        group's destructor joins its worker threads, and one blocked on a live peer would
+        block this rank with it (seen once in seven runs of examples/train_elastic.py)."""
+        threading.Thread(target=_drop, args=(engine_groups,), daemon=True,
+                         name="tensorplay let go").start()
 
     def open_epoch(self, epoch: int | None = None, present: Sequence[int] | None = None
                    ) -> int:
@@ -161,7 +183,7 @@ class World:
         checks wait for them only).
         """
         old = self.spmd.epoch
-        self.close_epoch(f"belongs to epoch {old}, which the job has left")
+        self.let_go(self.close_epoch(f"belongs to epoch {old}, which the job has left"))
         epoch = self.spmd.open_epoch(epoch)
         self._groups = {key: g for key, g in self._groups.items() if g is self.default_group}
         self._flattened.clear()
@@ -217,6 +239,11 @@ class World:
         self._native.clear()
         self.world_group = self.store = None
         self.engine.destroy(self.adopted)
+
+
+def _drop(objects: list[Any]) -> None:
+    objects.clear()  # the destructors run here, on this thread
+    gc.collect()  # and those of engine groups caught in a reference cycle
 
 
 _WORLD: World | None = None

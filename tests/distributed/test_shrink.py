@@ -36,3 +36,21 @@ def test_a_mesh_may_shrink_to_one_slice_but_not_below_its_minimum():
         "slices 0-1. Fix: restart the job from its last checkpoint, or allow a smaller minimum")
     with pytest.raises(ShrinkError, match="keep 3 of its 4 slices, below its minimum of 4"):
         shrink((4, 2), range(8), 0, {3}, minimum=4)
+
+
+def test_grow_puts_back_only_the_slices_whose_ranks_are_all_present():
+    from tensorplay.distributed._shrink import grow
+
+    assert grow((2, 4), range(8), 0, range(8)) == ((2, 4), tuple(range(8)))
+    assert grow((2, 4), range(8), 0, {0, 1, 2, 3, 4, 6, 7}) == ((1, 4), (0, 1, 2, 3))
+    assert grow((2, 4), range(8), 0, {4, 5, 6, 7}) == ((1, 4), (4, 5, 6, 7))  # rank 0's slice
+    assert grow((4, 2), range(8), 1, {0, 2, 4, 6, 1, 3, 5}) == ((4, 1), (0, 2, 4, 6))
+    assert grow((3, 2), [5, 4, 3, 2, 1, 0], 0, {5, 4, 1, 0}) == ((2, 2), (5, 4, 1, 0))
+
+
+def test_shrink_then_grow_returns_the_full_mesh():
+    from tensorplay.distributed._shrink import grow
+
+    shrunk = shrink((2, 4), range(8), 0, {5})
+    back = grow((2, 4), range(8), 0, set(shrunk.ranks) | set(shrunk.spares) | {5})
+    assert back == ((2, 4), tuple(range(8)))

@@ -154,6 +154,9 @@ class FakeEngine:
     def allgather_text(self, text: str, step: str) -> list[str]:
         raise AssertionError("unreachable: a simulated world compares nothing")
 
+    def sever(self, engine_group: Any) -> None:
+        """Nothing to break."""
+
     def close_group(self, engine_group: Any) -> None:
         """Nothing to close."""
 

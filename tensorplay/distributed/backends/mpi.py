@@ -188,9 +188,11 @@ class MpiEngine:
         for comm in made:
             comm.Free()
 
-    def close_group(self, engine_group: Any) -> None:
+    def sever(self, engine_group: Any) -> None:
         """Not reached: an elastic mesh needs a store, which this engine lacks."""
         raise AssertionError("unreachable: the MPI engine has no elastic meshes")
+
+    close_group = sever
 
     # -- groups ------------------------------------------------------------------------------
     def new_group(self, name: str, ranks: Any, backend: str, timeout: timedelta,

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Iterable
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import Any
 
@@ -157,9 +159,10 @@ def start(
         store.set(_keys.joined(rank), _joined_mark())
         _pick_interface(master[0])
         try:
-            dist.init_process_group(
-                backend, store=store, rank=rank, world_size=world_size, timeout=timeout
-            )
+            with _alone_if_restarted():
+                dist.init_process_group(
+                    backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+                )
         except (RuntimeError, dist.DistError) as err:
             raise _rendezvous_error(step, err, began, timeout,
                                     absent(store, range(world_size)), "") from err
@@ -183,6 +186,23 @@ def start(
     return Started(dist.group.WORLD, store)
 
 
+@contextmanager
+def _alone_if_restarted():
+    """For a rank tensorplay-run restarted (elastic mode): c10d's world group is made
+    without meeting the other ranks (gloo connects a pair on its first use, and this group is
+    never used), since they are far past their own start. Its mesh groups, made later by
+    their members, connect at once as usual."""
+    if _env.rank_restart_count() == 0 or os.environ.get(_GLOO_LAZY) is not None:
+        yield
+        return
+    os.environ[_GLOO_LAZY] = "1"
+    try:
+        yield
+    finally:
+        del os.environ[_GLOO_LAZY]
+
+
+_GLOO_LAZY = "TORCH_GLOO_LAZY_INIT"
 _IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 _picked: dict[str, str] = {}  # the interface variables this process set (not the user's)
 
@@ -263,6 +283,7 @@ class TorchEngine:
     def __init__(self) -> None:
         self._cuda_device: int | None = None  # chosen by the first 'cuda' mesh of a world
         self._made: list[Any] = []  # the c10d groups we made in the current world
+        self._sockets: dict[int, set[tuple[int, str]]] = {}  # id(group) -> its (fd, inode)
         self.group_store: Any = None  # where our groups meet: set by start() and adopt()
 
     def default_backend(self) -> str:
@@ -285,6 +306,7 @@ class TorchEngine:
         """Create a c10d group named ``name`` of ``ranks`` (in this order); members only."""
         self.check_available(backend)
         ranks = ranks.tolist()
+        before = _sockets()
         group, _ = c10d._new_process_group_helper(
             len(ranks),
             ranks.index(dist.get_rank()),
@@ -297,13 +319,27 @@ class TorchEngine:
         )
         c10d._world.pg_group_ranks[group] = {g: i for i, g in enumerate(ranks)}
         self._made.append(group)
+        self._sockets[id(group)] = _sockets() - before
         return group
 
+    def sever(self, engine_group: Any) -> None:
+        """Shut down the sockets the group opened as it was made (gloo connects every pair
+        then): a call blocked in it, here or at a peer, reads end of stream and fails.
+        NCCL: abort the communicators where torch offers it (untested here: no GPU)."""
+        for fd, inode in list(self._sockets.get(id(engine_group), ())):
+            _shut(fd, inode)
+        if dist.get_backend(engine_group) == "nccl" and callable(getattr(engine_group, "abort",
+                                                                          None)):
+            engine_group.abort()
+
     def close_group(self, engine_group: Any) -> None:
-        """Destroy one c10d group: gloo closes its sockets once the last reference goes (our
-        ProcessGroup has let go already), so a peer blocked on this rank in it gets
-        "Connection closed by peer" at once. Measured: 0.1 s here, the peer's error at once,
-        where without it the peer waits out its timeout."""
+        """Sever one c10d group's connections now, then destroy it: a peer blocked on this
+        rank in it gets "Connection closed by peer" at once instead of waiting out its
+        timeout. The sockets are those the group opened as it was made (gloo connects every
+        pair then; ``_sockets``), shut down by hand: gloo's own teardown can block for ever
+        joining its event loop (seen with a peer SIGKILLed), so it is never relied on."""
+        self.sever(engine_group)
+        self._sockets.pop(id(engine_group), None)
         if engine_group in self._made:
             self._made.remove(engine_group)
         if engine_group in c10d._world.pg_map:
@@ -398,6 +434,7 @@ class TorchEngine:
         owner tears the world down)."""
         self._cuda_device = None
         made, self._made, self.group_store = self._made, [], None
+        self._sockets.clear()
         for var, value in _picked.items():  # the interface was this world's choice, not the
             if os.environ.get(var) == value:  # process's: a later world or child chooses anew
                 del os.environ[var]
@@ -409,6 +446,32 @@ class TorchEngine:
             return
         for group in made:
             dist.destroy_process_group(group)
+
+
+def _sockets() -> set[tuple[int, str]]:
+    """(fd, "socket:[inode]") of every socket this process holds open (Linux; else none)."""
+    found = set()
+    with suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with suppress(OSError):
+                target = os.readlink(f"/proc/self/fd/{name}")
+                if target.startswith("socket:"):
+                    found.add((int(name), target))
+    return found
+
+
+def _shut(fd: int, inode: str) -> None:
+    """Shut connected socket ``fd`` down both ways if it is still the socket ``inode`` (an
+    fd number is reused once closed): its peer reads end of stream at once; gloo on this side
+    sees the same as when a peer dies. The fd stays open."""
+    with suppress(OSError):
+        if os.readlink(f"/proc/self/fd/{fd}") != inode:
+            return
+        dup = socket.socket(fileno=os.dup(fd))
+        with suppress(OSError):  # a listening socket is left alone: gloo aborts the process
+            if not dup.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):  # when its
+                dup.shutdown(socket.SHUT_RDWR)  # accept fails
+        dup.close()
 
 
 ENGINE = TorchEngine()

@@ -1,0 +1,132 @@
+"""The chain of epochs of an elastic mesh (``_elastic``), on an in-memory store: one answer per
+grow poll, admission by token, the end of the job; and init_device_mesh's elastic arguments."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import tensorplay.distributed as dist
+from tensorplay.distributed import _elastic, _keys
+from tensorplay.distributed._elastic import Elastic
+from tensorplay.distributed.errors import (
+    ArgumentError,
+    DistributedTimeoutError,
+    ShrinkError,
+    UnknownDimError,
+)
+
+
+class Store:
+    """The store calls the chain makes, in a dict (compare_set as torch's: the first wins)."""
+
+    def __init__(self) -> None:
+        self.kv: dict[str, bytes] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.kv[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        return self.kv[key]
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.kv for k in keys)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        if key not in self.kv and expected == "":
+            self.kv[key] = desired.encode()
+        return self.kv[key]
+
+
+PLAN = Elastic(dim=0, minimum=1, full_shape=(2, 4), full_ranks=tuple(range(8)), epoch=1)
+MEMBERS = {0, 1, 2, 3}  # rank 5 lost at epoch 0: slice 1 removed, 4, 6, 7 spares
+
+
+def test_a_poll_grows_only_when_a_removed_slice_is_complete():
+    store = Store()
+    for spare in (4, 6, 7):
+        _elastic.want(store, spare, f"{100 + spare} hostA")
+    assert _elastic.poll(store, PLAN, 1, MEMBERS) is None  # rank 5 not back yet
+    _elastic.want(store, 5, "977 hostA")
+    grown = _elastic.poll(store, PLAN, 2, MEMBERS)
+    assert grown == {"epoch": 2, "shape": [2, 4], "ranks": list(range(8)),
+                     "fresh": [4, 5, 6, 7],
+                     "admitted": {"4": "104 hostA", "5": "977 hostA", "6": "106 hostA",
+                                  "7": "107 hostA"}}
+
+
+def test_every_member_reads_the_first_answer_of_a_poll():
+    store = Store()
+    assert _elastic.poll(store, PLAN, 1, MEMBERS) is None  # the first member found nobody
+    for r in (4, 5, 6, 7):
+        _elastic.want(store, r, f"{r} hostA")
+    assert _elastic.poll(store, PLAN, 1, MEMBERS) is None  # a later member: the same answer
+    assert _elastic.poll(store, PLAN, 2, MEMBERS)["shape"] == [2, 4]  # the next poll grows
+
+
+def test_the_first_record_of_what_follows_an_epoch_stands():
+    store = Store()
+    shrink = {"epoch": 2, "shape": [1, 4], "ranks": [0, 1, 2, 3], "lost": [5]}
+    assert _elastic.next_of(store, 1, shrink) == shrink
+    assert _elastic.next_of(store, 1, {"epoch": 2, "shape": [2, 4]}) == shrink
+    _elastic.end(store, 1, "too late")  # an end after a record changes nothing
+    assert json.loads(store.get(_keys.ELASTIC_NEXT.format(epoch=1))) == shrink
+
+
+def test_a_waiting_rank_follows_the_chain_to_the_record_that_admits_it():
+    store = Store()
+    _elastic.next_of(store, 0, {"epoch": 1, "shape": [1, 4], "ranks": [0, 1, 2, 3],
+                                "lost": [5]})
+    old = {"epoch": 2, "shape": [2, 4], "ranks": list(range(8)), "admitted": {"5": "1 old"}}
+    _elastic.next_of(store, 1, old)  # an earlier process of rank 5 was admitted here
+    admits = {"epoch": 3, "shape": [2, 4], "ranks": list(range(8)),
+              "admitted": {"5": "2 new"}}
+    _elastic.next_of(store, 2, admits)
+    assert _elastic.await_admission(store, 5, "2 new", 0, timeout_s=1) == admits
+    assert store.get(_keys.ELASTIC_WANT.format(rank=5)) == b"2 new"
+
+
+def test_a_waiting_rank_learns_that_the_job_ended_or_finished():
+    store = Store()
+    _elastic.end(store, 0, "mesh dim 'dp' would keep 0 of its 2 slices")
+    with pytest.raises(ShrinkError, match="rank 5 waited to join, but the job ended: mesh dim"):
+        _elastic.await_admission(store, 5, "1 a", 0, timeout_s=1)
+    store = Store()
+    _elastic.finish(store, 0, (1, 4), [0, 1, 2, 3])
+    assert _elastic.await_admission(store, 5, "1 a", 0, timeout_s=1)["finished"] == (
+        "the members finished at epoch 0")
+
+
+def test_a_waiting_rank_nobody_admits_times_out_saying_why():
+    with pytest.raises(DistributedTimeoutError, match="no member admitted it.*mesh.grow()"):
+        _elastic.await_admission(Store(), 5, "1 a", 0, timeout_s=0.1)
+
+
+@pytest.fixture
+def fake8():
+    dist.init_process_group("fake", world_size=8, rank=0)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("kwargs", "error", "words"), [
+    ({"elastic": "pp"}, UnknownDimError, "elastic='pp': is not a dim name"),
+    ({"elastic": "dp", "elastic_min": 3}, ArgumentError, "elastic_min=3: must be in 1..2"),
+    ({"elastic": "dp", "elastic_min": 0}, ArgumentError, "elastic_min=0: must be in 1..2"),
+    ({"elastic_min": 2}, ArgumentError, "elastic_min=2: is set but elastic is not"),
+    ({"elastic": "dp"}, ArgumentError, "elastic='dp': needs a store .* the fake engine"),
+])
+def test_bad_elastic_arguments_name_the_argument_and_the_fix(fake8, kwargs, error, words):
+    with pytest.raises(error, match=words) as caught:
+        dist.init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"), **kwargs)
+    assert "Fix:" in str(caught.value) or "use" in str(caught.value)
+
+
+def test_a_mesh_made_without_elastic_cannot_recover(fake8):
+    mesh = dist.init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    assert mesh.epoch == 0 and mesh.fresh_ranks == []
+    with pytest.raises(ArgumentError, match="is not elastic, so recover"):
+        mesh.recover(RuntimeError("x"))
+    with pytest.raises(ArgumentError, match="is not elastic, so grow"):
+        mesh.grow()
