@@ -95,8 +95,7 @@ def _leave(world: World, grace: float) -> None:
     """Mark this rank done with the store; rank 0, whose process serves it (env://, tcp://),
     lingers until every rank is done or ``grace`` is over, so no rank's last read meets a
     closed server."""
-    ranks = range(world.size) if world.present is None else world.present
-    keys = [world.spmd.key(_keys.LEFT, rank=r) for r in ranks]
+    keys = [world.spmd.key(_keys.LEFT, rank=r) for r in world.members()]
     with suppress(RuntimeError, OSError):
         world.store.set(world.spmd.key(_keys.LEFT, rank=world.rank), "1")
         if world.rank == 0:

@@ -70,7 +70,7 @@ def agree(world: World, what: str, request: dict[str, object]) -> None:
         spmd.key(_keys.CHECK_ARRIVE, n=n, rank=world.rank), _digest(text)))
     with death_watch(world, lambda dead: _post_death(world, n, dead),
                      lambda text, ranks: _post_lost(world, n, text, ranks)):
-        if world.rank == 0:
+        if world.rank == world.members()[0]:
             outcome = _judge(world, step, n)
         else:
             outcome = _await(world, step, n, [spmd.key(_keys.CHECK_OUTCOME, n=n)])[0]
@@ -119,7 +119,8 @@ def _digest(text: str) -> str:
 
 
 def _judge(world: World, step: str, n: int) -> str:
-    """Rank 0: read every digest of check #n, post the outcome and return what was posted.
+    """The first member (rank 0, but for an elastic mesh that lost it): read every member's
+    digest of check #n, post the outcome and return what was posted.
 
     A gave-up or death notice posted before ours wins, and is returned instead.
     """
@@ -127,13 +128,14 @@ def _judge(world: World, step: str, n: int) -> str:
     key = spmd.key(_keys.CHECK_OUTCOME, n=n)
     if store_call(world, step, lambda: store.check([key])):  # this rank is late
         return store_call(world, step, lambda: store.get(key).decode())
+    members = world.members()
     digests = _await(world, step, n, [spmd.key(_keys.CHECK_ARRIVE, n=n, rank=r)
-                                      for r in range(world.size)])
+                                      for r in members])
     if all(d == digests[0] for d in digests):
         verdict = "ok"
     else:
         by_digest: dict[str, list[int]] = {}
-        for rank, d in enumerate(digests):
+        for rank, d in zip(members, digests, strict=True):
             by_digest.setdefault(d, []).append(rank)
         verdict = "differ " + " ".join(_runs(ranks) for ranks in by_digest.values())
     return store_call(world, step, lambda: store.compare_set(key, "", verdict).decode())
@@ -194,8 +196,10 @@ def _diagnosed(
     rank that gives up posts so as the outcome, so that a rank arriving later fails at once."""
     store_gone: RankFailedError | None = None
     try:
-        keys = [world.spmd.key(_keys.CHECK_ARRIVE, n=n, rank=r) for r in range(world.size)]
-        missing = store_call(world, step, lambda: _arrivals.unset(world.store, keys))
+        members = world.members()
+        keys = [world.spmd.key(_keys.CHECK_ARRIVE, n=n, rank=r) for r in members]
+        missing = [members[i] for i in
+                   store_call(world, step, lambda: _arrivals.unset(world.store, keys))]
     except RankFailedError as gone:
         store_gone, missing = gone, []
     if timed_out and store_gone is None:

@@ -215,9 +215,8 @@ class Engine(Protocol):
         ...
 
     def close_group(self, engine_group: Any) -> None:
-        """Tear one engine group down now, closing its connections, so that peers blocked on
-        this rank in it fail at once instead of waiting out their timeout (an elastic mesh's
-        recovery closes every group of the failed epoch). Never waits on a peer."""
+        """Tear one engine group down (an elastic mesh left its epoch): the engine forgets it;
+        its resources go with its last reference. Never waits on a peer."""
         ...
 
     def ops(

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .device_mesh import DeviceMesh
     from .world import World
 
-WAIT_S = 10.0  # a rank not seen dead that never comes to the recovery is lost after this
+WAIT_S = 5.0  # a rank not seen dead that never comes to the recovery is lost after this
 
 
 def plan_of(mesh: DeviceMesh, what: str) -> Elastic:
@@ -63,7 +63,7 @@ def recover(mesh: DeviceMesh, err: BaseException, *, wait_s: float = WAIT_S,
     store = world.store
     _elastic.recovering(store, plan.epoch, world.rank)
     closed = world.close_epoch(f"was closed by the recovery after a failure in epoch "
-                               f"{plan.epoch}")
+                               f"{plan.epoch}", sever=True)
     _let_go(err)  # the failed call's frames let go of its engine group; this thread keeps
     world.let_go(closed)  # the last reference, dropped on another (see World.let_go)
     suspects = getattr(err, "ranks", None) or getattr(err, "missing", None) or []
@@ -87,8 +87,8 @@ def recover(mesh: DeviceMesh, err: BaseException, *, wait_s: float = WAIT_S,
 
 def _let_go(err: BaseException | None) -> None:
     """Clear the finished frames of ``err``'s tracebacks (and of its causes): they hold the
-    failed call's engine group, which closes its connections only once nothing refers to it.
-    Measured: with them kept, a peer blocked on this rank waited until this rank exited."""
+    failed call's engine group, which would otherwise live (threads, sockets, buffers) as long
+    as the caller keeps ``err``, however long the job trains on."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))

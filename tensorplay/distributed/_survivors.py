@@ -36,7 +36,7 @@ SUSPECT_GRACE_S = 3.0  # a suspected rank (not seen dead) that is alive has this
 
 
 def agree_lost(store: Any, key: str, rank: int, members: Sequence[int],
-               suspects: Iterable[int], *, wait_s: float = 10.0,
+               suspects: Iterable[int], *, wait_s: float = 5.0,
                timeout_s: float = 60.0,
                dead: Callable[[], Iterable[int]] = lambda: ()) -> list[int]:
     """The lost ranks of ``members``, the same on every survivor (see the module docstring).

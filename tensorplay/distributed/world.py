@@ -127,6 +127,11 @@ class World:
         self._groups[(ranks.key(), backend)] = group
         return group
 
+    def members(self) -> list[int]:
+        """The ranks that take part in cross-rank checks: every rank, or after an elastic
+        mesh changed, the ranks of its current mesh (O(world size))."""
+        return list(range(self.size)) if self.present is None else self.present
+
     def groups(self) -> list[ProcessGroup]:
         """Every group registered in this world, the world group included."""
         return list(self._groups.values())
@@ -135,10 +140,11 @@ class World:
         """How many groups are registered in this world, the world group included."""
         return len(self._groups)
 
-    def close_epoch(self, why: str) -> list[Any]:
+    def close_epoch(self, why: str, sever: bool = False) -> list[Any]:
         """Retire every group of this epoch, the world group included (it may hold a lost
-        rank), and close their engine groups: a peer blocked on this rank in one of them fails
-        at once and comes to the recovery too. ``why`` ends "the 'dp' group [1, 5] ..." in the
+        rank), and close their engine groups; ``sever`` (after a failure) breaks their
+        connections first, so a peer blocked on this rank in one of them fails at once and
+        comes to the recovery too. ``why`` ends "the 'dp' group [1, 5] ..." in the
         StaleEpochError of a later use. Returns the engine groups, for ``let_go``."""
         self._native.clear()  # the engine's meshes hold our groups' engine groups
         closed = []
@@ -149,6 +155,8 @@ class World:
             if engine_group is not None and group is not self.default_group:
                 closed.append(engine_group)
                 with suppress(Exception):  # a group already broken closes as it can
+                    if sever:
+                        self.engine.sever(engine_group)
                     self.engine.close_group(engine_group)
         return closed
 
@@ -492,10 +500,9 @@ def destroy_process_group() -> None:
     if world.elastic is not None and world.store is not None:  # ranks waiting to join leave
         from . import _elastic
 
-        ranks = list(range(world.size)) if world.present is None else world.present
-        if world.rank in ranks:
+        if world.rank in world.members():
             with suppress(RuntimeError, OSError):
-                _elastic.finish(world.store, world.spmd.epoch, world.elastic, ranks)
+                _elastic.finish(world.store, world.spmd.epoch, world.elastic, world.members())
     try:
         with named_failures(world, "destroy_process_group(): comparing collective call counts"):
             _accounting.check_at_end(world)
