@@ -1,12 +1,14 @@
 """An elastic mesh changes shape: recover (shrink after a loss), grow (admit waiting ranks),
-join (a restarted rank's first mesh). Each ends in ``_enter``: a new epoch, new groups.
+join (a restarted rank's first mesh). Each ends in ``enter``: a new epoch, new groups.
 
 recover, on every survivor after a RankFailedError (or a timeout):
 
-1. close every group of the failed epoch now (``World.close_epoch``): a peer blocked on this
-   rank in one of them fails at once ("Connection closed by peer") and comes to the recovery
-   too, instead of waiting out its timeout (a rank in a "dp" group with a survivor of the
-   broken "tp" row would otherwise wait for ever);
+1. say a recovery began (``_elastic.recovering``: every rank's watcher breaks its groups of
+   this epoch) and close this rank's groups of the failed epoch, connections first
+   (``World.close_epoch(sever=True)``): a rank blocked in one of them fails at once
+   ("Connection closed by peer") and comes to the recovery too, instead of waiting out its
+   timeout (a rank in a "dp" group with a survivor of the broken "tp" row would otherwise
+   wait for ever);
 2. ``_survivors.agree_lost``: the same lost ranks on every survivor, decided once in the store;
 3. ``_shrink.shrink``: the slices of the elastic dim holding a lost rank removed (below the
    minimum: ShrinkError on every survivor, and the job's end written for ranks waiting);

@@ -322,6 +322,7 @@ def test_signal_to_launcher_stops_every_child(tmp_path, sig, code):
     (["--node-grace-s", "0"], "--node-grace-s=0.0"),
     (["--hang-timeout-s", "-1"], "--hang-timeout-s=-1.0"),
     (["--join-timeout-s", "0"], "--join-timeout-s=0.0"),
+    (["--max-restarts", "-1"], "--max-restarts=-1"),
 ])
 def test_usage_errors_name_the_flag(tmp_path, capsys, argv, flag):
     job = script(tmp_path, "raise SystemExit('must not run')\n")
