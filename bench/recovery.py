@@ -1,12 +1,16 @@
 """Training on after a rank dies: elastic recovery (tensorplay-run) against restart-the-world.
 
-    python bench/recovery.py                # 3 runs of each side, alternating; ~5 min on 2 cores
+    python bench/recovery.py                # 3 runs of each of 3 sides; ~5 min on 2 cores
     python bench/recovery.py --repeat 1     # one of each (~1.5 min)
 
 Ours, as tensorplay-run runs it (``python -m tensorplay.distributed.run`` is tensorplay-run):
 
     tensorplay-run --nproc-per-node 8 --max-restarts 1 \
         examples/train_elastic.py --steps 16 --kill 5@4 --step-s 1.0
+
+and the same with ``--max-restarts 0`` ("shrink": nobody is restarted, so the first step after
+the kill is always on the shrunk mesh; with a replacement that is back within about 2 s the mesh
+often grows again before that step, and that run has no step on (1, 4) to time).
 
 Theirs, restart-the-world: the same training on plain torch.distributed (gloo, torch's own
 ``init_device_mesh``), a checkpoint saved by every rank after every step and loaded at start:
@@ -239,9 +243,9 @@ def _argv(side: str, a: argparse.Namespace, ckpt: Path) -> tuple[list[str], dict
            "--step-s", str(a.step_s)]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                TMPDIR=str(ckpt.parent))  # torchrun makes a torchelastic_* folder and keeps it
-    if side == "ours":
-        return ([sys.executable, "-m", "tensorplay.distributed.run", "--nproc-per-node",
-                 str(NPROC), "--max-restarts", "1",
+    if side in OURS:  # "shrink": nobody restarted, so the first step after the kill is on
+        return ([sys.executable, "-m", "tensorplay.distributed.run", "--nproc-per-node",  # (1, 4)
+                 str(NPROC), "--max-restarts", "1" if side == "ours" else "0",
                  os.path.join(ROOT, "examples", "train_elastic.py"), *job], env)
     if not a.torch_shared_store:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
@@ -252,7 +256,7 @@ def _argv(side: str, a: argparse.Namespace, ckpt: Path) -> tuple[list[str], dict
 
 def _finished(side: str, text: str, steps: int) -> bool:
     """Whether the log shows the end of training (ours: its check's verdict)."""
-    if side == "ours":
+    if side in OURS:
         return "OK: matches" in text or "MISMATCH" in text
     return any(int(m["k"]) == steps for m in THEIR_STEP.finditer(text))
 
@@ -304,7 +308,7 @@ def run_once(side: str, a: argparse.Namespace, tmp: Path, index: int) -> Run:
             proc.wait()
             _reap_adopted(proc.pid)
     text = log.read_text(errors="replace")
-    (_read_ours if side == "ours" else _read_theirs)(run, text, a, starts)
+    (_read_ours if side in OURS else _read_theirs)(run, text, a, starts)
     if run.code not in (0, None) and not run.note:
         run.note = f"launcher exit code {run.code}"
     if a.keep_logs is not None:
@@ -328,8 +332,8 @@ def _read_ours(run: Run, text: str, a: argparse.Namespace, starts: RankStarts) -
     shrunk = next((m for m in steps if int(m["dp"]) < 2 and kill is not None
                    and float(m["t"]) > kill), None)
     joined = next((m for m in JOINED.finditer(text) if int(m["rank"]) == KILL_RANK), None)
-    regrown = next((m for m in steps if int(m["dp"]) == 2 and shrunk is not None
-                    and int(m["epoch"]) > int(shrunk["epoch"])), None)
+    regrown = next((m for m in steps if int(m["dp"]) == 2 and int(m["epoch"]) >= 2
+                    and kill is not None and float(m["t"]) > kill), None)
     t = {"kill": kill, "recovered": recovered and float(recovered["t"]),
          "shrunk": shrunk and float(shrunk["t"]), "start": starts.start(KILL_RANK, 1),
          "main": joined and float(joined["start"]), "joined": joined and float(joined["t"]),
@@ -346,7 +350,7 @@ def _read_ours(run: Run, text: str, a: argparse.Namespace, starts: RankStarts) -
         run.note = (f"rank {KILL_RANK}'s replacement joined as a spare (mesh ({joined['dp']}, "
                     f"{joined['tp']})), "
                     + ("never on a regrown mesh" if regrown is None else "then grew back"))
-    elif joined is None:
+    elif joined is None and run.side == "ours":  # "shrink" restarts nobody
         run.note = f"rank {KILL_RANK}'s replacement never joined"
     if recovered is None:
         run.note = "; ".join([*_ours_trouble(text), run.note])
@@ -403,7 +407,10 @@ def _cell(runs: list[Run], key: str) -> str:
 
 ROWS = [
     ("ours", "kill_agreed", "kill -> shrunk mesh agreed (\"recovered: mesh (1, 4)\")"),
-    ("ours", "kill_step", "**kill -> first step on the shrunk mesh**, less one step"),
+    ("shrink", "kill_agreed", "kill -> shrunk mesh agreed (\"recovered: mesh (1, 4)\")"),
+    ("shrink", "kill_step", "**kill -> first step on the shrunk mesh**, less one step"),
+    ("ours", "kill_step", "kill -> first step on the shrunk mesh, less one step (none when "
+                          "the replacement was back first: the mesh grew before that step)"),
     ("ours", "kill_start", "kill -> replacement's process start"),
     ("ours", "start_main", "replacement's start -> its main() began (interpreter, imports of "
                            "torch and tensorplay)"),
@@ -418,6 +425,17 @@ ROWS = [
 ]
 
 
+OURS = ("ours", "shrink")
+NAMES = {"ours": "tensorplay-run (elastic, --max-restarts 1)",
+         "shrink": "tensorplay-run (elastic, --max-restarts 0)",
+         "torch": "torchrun (restart-the-world)"}
+
+
+def _sides(i: int) -> tuple[str, ...]:
+    """The order of the sides in repeat i: alternating, so neither always runs first."""
+    return ("ours", "shrink", "torch") if i % 2 == 0 else ("torch", "shrink", "ours")
+
+
 def report(results: dict[str, list[Run]], a: argparse.Namespace) -> None:
     n = len(results["ours"])
     print(f"\n### Recovery after rank {KILL_RANK} is SIGKILLed at step {a.kill_step + 1} "
@@ -426,9 +444,9 @@ def report(results: dict[str, list[Run]], a: argparse.Namespace) -> None:
     print("| side | interval | time |")
     print("|---|---|---:|")
     for side, key, label in ROWS:
-        name = "tensorplay-run (elastic)" if side == "ours" else "torchrun (restart-the-world)"
+        name = NAMES[side]
         print(f"| {name} | {label} | {_cell(results[side], key)} |")
-    ours = [r.fig.get("kill_step") for r in results["ours"]]
+    ours = [r.fig.get("kill_step") for r in results["shrink"]]
     theirs = [r.fig.get("kill_step") for r in results["torch"]]
     ratio = None
     if None not in ours and None not in theirs:
@@ -443,9 +461,7 @@ def report(results: dict[str, list[Run]], a: argparse.Namespace) -> None:
     print("\nPer run (in run order):\n")
     print("| run | side | exit code | wall | final loss | processes left behind | note |")
     print("|---:|---|---:|---:|---|---:|---|")
-    order = []
-    for i in range(n):
-        order += [("ours", i), ("torch", i)] if i % 2 == 0 else [("torch", i), ("ours", i)]
+    order = [(side, i) for i in range(n) for side in _sides(i)]
     for side, i in order:
         r = results[side][i]
         code = "stopped" if r.code is None else str(r.code)
@@ -456,7 +472,7 @@ def report(results: dict[str, list[Run]], a: argparse.Namespace) -> None:
 
 
 def goal(results: dict[str, list[Run]], ratio: float | None) -> None:
-    shrink = [r.fig.get("kill_step") for r in results["ours"]]
+    shrink = [r.fig.get("kill_step") for r in results["shrink"]]
     worst = None if None in shrink else max(shrink)
     ok1 = worst is not None and worst <= GOAL_SHRINK_S
     ok2 = ratio is not None and ratio >= GOAL_RATIO
@@ -493,11 +509,11 @@ def main() -> None:
     print(f"recovery: tensorplay at {tree_state()}; {machine()}; "
           f"{time.strftime('%Y-%m-%d %H:%M %Z')}")
     print(f"command: {' '.join(['python', 'bench/recovery.py', *sys.argv[1:]])}", flush=True)
-    results: dict[str, list[Run]] = {"ours": [], "torch": []}
+    results: dict[str, list[Run]] = {"ours": [], "shrink": [], "torch": []}
     tmp = Path(tempfile.mkdtemp(prefix="recovery-bench-"))
     try:
         for i in range(a.repeat):
-            for side in ("ours", "torch") if i % 2 == 0 else ("torch", "ours"):
+            for side in _sides(i):
                 results[side].append(run_once(side, a, tmp, i + 1))
     except KeyboardInterrupt:
         print("recovery: interrupted; the run under way was stopped and cleaned up",
