@@ -208,6 +208,11 @@ class Engine(Protocol):
         engine must not list them: a group may hold a million ranks)."""
         ...
 
+    def prepare_elastic(self) -> None:
+        """An elastic mesh is being made: set up the groups made from now on so that a
+        recovery can break them (torch: NCCL's non-blocking communicators)."""
+        ...
+
     def sever(self, engine_group: Any) -> None:
         """Break one engine group's connections now, from any thread: this rank's call
         blocked in it fails at once, as do its peers' (an elastic recovery began elsewhere).

@@ -708,6 +708,7 @@ def init_device_mesh(
         replicas[0], replicas[1], shape, tuple(spec.ranks().tolist()))
     if plan is not None:
         world.elastic = shape
+        world.engine.prepare_elastic()
         from ._elastic import watch
 
         watch(world)

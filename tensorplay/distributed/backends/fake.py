@@ -154,6 +154,9 @@ class FakeEngine:
     def allgather_text(self, text: str, step: str) -> list[str]:
         raise AssertionError("unreachable: a simulated world compares nothing")
 
+    def prepare_elastic(self) -> None:
+        """Nothing to prepare."""
+
     def sever(self, engine_group: Any) -> None:
         """Nothing to break."""
 

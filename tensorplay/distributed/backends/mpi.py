@@ -192,7 +192,7 @@ class MpiEngine:
         """Not reached: an elastic mesh needs a store, which this engine lacks."""
         raise AssertionError("unreachable: the MPI engine has no elastic meshes")
 
-    close_group = sever
+    close_group = prepare_elastic = sever
 
     # -- groups ------------------------------------------------------------------------------
     def new_group(self, name: str, ranks: Any, backend: str, timeout: timedelta,

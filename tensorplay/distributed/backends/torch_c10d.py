@@ -322,6 +322,12 @@ class TorchEngine:
         self._sockets[id(group)] = _sockets() - before
         return group
 
+    def prepare_elastic(self) -> None:
+        """NCCL groups made from now on use non-blocking communicators, so that aborting
+        one (``sever``) ends a peer's wait instead of blocking in NCCL (a user's setting
+        wins). gloo needs nothing. Untested here: no GPU."""
+        os.environ.setdefault("TORCH_NCCL_USE_COMM_NONBLOCKING", "1")
+
     def sever(self, engine_group: Any) -> None:
         """Shut down the sockets the group opened as it was made (gloo connects every pair
         then; ``_sockets``): a call blocked in it, here or at a peer, reads end of stream and
