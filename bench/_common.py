@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
+import signal
 import statistics
 import subprocess
+from collections.abc import Iterator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,3 +60,34 @@ def paired(xs: list[float], ys: list[float], op=operator.truediv) -> float:
     paired([2, 4], [1, 5]) -> median(2.0, 0.8) = 1.4.
     """
     return statistics.median(op(x, y) for x, y in zip(xs, ys, strict=True))
+
+
+# -- for benchmarks that start launchers and kill what they leave (failover.py, recovery.py) --
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Processes orphaned below this one (ranks whose launcher died) are re-parented to it, not
+    to init: they stay its descendants, so a benchmark finds and kills them after each run."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+@contextlib.contextmanager
+def no_interrupts() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM off while cleaning up, so a second Ctrl-C cannot cut it short."""
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM handler: unwind as Ctrl-C does, so every run's clean-up still runs."""
+    raise KeyboardInterrupt(f"signal {signum}")

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 import re
 import shutil
@@ -53,7 +52,14 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, BENCH)
 
-from _common import fmt_time, machine, tree_state  # noqa: E402
+from _common import (  # noqa: E402
+    become_subreaper,
+    fmt_time,
+    machine,
+    no_interrupts,
+    on_sigterm,
+    tree_state,
+)
 
 from tests import netns  # noqa: E402
 
@@ -77,7 +83,6 @@ FAILURE_WORDS = re.compile(
 RANK_TAG = re.compile(r"^\[ranks? [\d, -]+\] |^\[rank\d+\]: ")  # ours' label, torch's
 CRASH_MARKS = {"SIGABRT": "SIGABRT", "core dumped": "core dumped",
                "terminate called": "C++ trace", "Exception raised from": "C++ trace"}
-PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass
@@ -164,29 +169,6 @@ def _reap(pids: list[int], within_s: float = 10.0) -> None:
             todo.remove(pid)
         if todo:
             time.sleep(POLL_S)
-
-
-def _become_subreaper() -> None:
-    """Ranks whose launcher dies are re-parented to this process, not to init: they stay
-    descendants of this process, so they are found and killed at the end of each case."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
-
-
-@contextlib.contextmanager
-def _no_interrupts() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM off while cleaning up, so a second Ctrl-C cannot cut it short."""
-    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-
-def _on_sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 # -- one case ---------------------------------------------------------------------------------
@@ -323,7 +305,7 @@ def _fresh_hosts() -> Iterator[netns.Hosts]:
     try:
         yield hosts
     finally:
-        with _no_interrupts():
+        with no_interrupts():
             # the launchers first, so none sees its ranks die and starts reacting; then every
             # rank, those orphaned by their launcher included (children of this process, the
             # subreaper); then Hosts' exit kills what is still below the launchers, waits on
@@ -396,7 +378,7 @@ def run_case(fault: str, launcher: str, nproc: int, limit_s: float, start_limit_
                              for lines, la in zip(stderr, launchers, strict=True)]
         outcome.marks = [_crash_marks(la) for la in launchers]
     finally:
-        with _no_interrupts():
+        with no_interrupts():
             if keep is not None:
                 shutil.copytree(tmp, keep / f"{fault}-{launcher}", dirs_exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
@@ -485,8 +467,8 @@ def main() -> None:
     opts = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("failover: needs root, to make network namespaces (tests/netns.py)")
-    _become_subreaper()
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    become_subreaper()
+    signal.signal(signal.SIGTERM, on_sigterm)
     start = time.monotonic()
     print(f"failover: tensorplay at {tree_state()}; {machine()}; 2 hosts x {opts.nproc} ranks; "
           f"fault after step {READY_STEP}; cap {opts.limit_s:g} s")

@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 import re
 import shutil
@@ -77,7 +76,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,13 +83,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 
-from _common import fmt_time, machine, paired, tree_state  # noqa: E402
+from _common import (  # noqa: E402
+    become_subreaper,
+    fmt_time,
+    machine,
+    no_interrupts,
+    on_sigterm,
+    paired,
+    tree_state,
+)
 
 NPROC = 8
 KILL_RANK = 5
 POLL_S = 0.1
 STOP_GRACE_S = 5.0  # after SIGTERM to a launcher, before SIGKILL to everything below us
-PR_SET_CHILD_SUBREAPER = 36
 GOAL_SHRINK_S = 3.0
 GOAL_RATIO = 10.0
 
@@ -124,13 +129,6 @@ class Run:
 
 
 # -- processes --------------------------------------------------------------------------------
-
-def _become_subreaper() -> None:
-    """Orphaned ranks are re-parented to this process (not init), so they stay descendants."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
-
 
 def _descendants(root: int) -> list[int]:
     """Every live process below ``root`` (from /proc; zombies left out)."""
@@ -183,21 +181,6 @@ def _children_of_me() -> list[int]:
             if int(stat[1]) == me:
                 found.append(int(entry))
     return found
-
-
-@contextlib.contextmanager
-def _no_interrupts() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM off while cleaning up, so a second Ctrl-C cannot cut it short."""
-    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-
-def _on_sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 class RankStarts:
@@ -297,7 +280,7 @@ def run_once(side: str, a: argparse.Namespace, tmp: Path, index: int) -> Run:
             time.sleep(1.0)
             run.left_behind = len(_descendants(os.getpid()))
     finally:
-        with _no_interrupts():
+        with no_interrupts():
             if proc.poll() is None:  # the launcher stops its ranks on SIGTERM; then no mercy
                 _signal([proc.pid], signal.SIGTERM)
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -503,8 +486,8 @@ def main() -> None:
     a = p.parse_args()
     if not 0 < a.kill_step < a.steps:
         p.error("--kill-step must be between 1 and --steps - 1")
-    _become_subreaper()
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    become_subreaper()
+    signal.signal(signal.SIGTERM, on_sigterm)
     began = time.monotonic()
     print(f"recovery: tensorplay at {tree_state()}; {machine()}; "
           f"{time.strftime('%Y-%m-%d %H:%M %Z')}")
@@ -520,7 +503,7 @@ def main() -> None:
               file=sys.stderr)
         sys.exit(130)
     finally:
-        with _no_interrupts():
+        with no_interrupts():
             shutil.rmtree(tmp, ignore_errors=True)
     report(results, a)
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}; wall time of this run: "
