@@ -704,7 +704,8 @@ class Job:
         """Elastic mode: 0 when the job went on to its end (some rank's script returned and
         none failed by itself), ranks lost on the way named; else the usual summary."""
         ends = list(self.ends.values())
-        final_lost = [e for e in ends if e.code is not None and e.code < 0 and e.stop_t is None]
+        final_lost = [e for e in ends if e.code is not None and e.code < 0 and e.stop_t is None
+                      and (e.report or {}).get("event") in (None, "hung")]  # not: died at exit
         by_script = [e for e in ends if e not in final_lost and e.stop_t is None
                      and self.failing(e.rank)]
         went_on = any(e.kind() == "ok" for e in ends)
