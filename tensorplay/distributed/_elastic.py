@@ -164,9 +164,9 @@ def watch(world: World) -> None:
     One ``check`` on its own store connection every WATCH_S (x world size / 1,000): 40
     requests a second at the store for 8 ranks, 5,000 for 100,000 ranks (every 20 s each).
     """
-    if getattr(world, "_elastic_watch", False):
+    if world.watching:
         return
-    world._elastic_watch = True  # type: ignore[attr-defined]
+    world.watching = True
     store = world.store.clone()
     every = WATCH_S * max(1.0, world.size / 1000)
 

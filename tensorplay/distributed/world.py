@@ -71,6 +71,7 @@ class World:
     _hosts: Hosts | None = None  # rank 0 from init, the others on first use
     present: list[int] | None = None  # ranks still in an elastic job (None: all of them)
     elastic: tuple[int, ...] | None = None  # shape of the newest elastic mesh, if any
+    watching: bool = False  # the elastic watcher runs (``_elastic.watch``)
 
     def __post_init__(self) -> None:
         ranks = Ranks(layout=Layout((((self.size, 1),),)))
