@@ -686,8 +686,7 @@ class Job:
         done = self.restarts.get(rank, 0)
         again = done < self.a.max_restarts
         self.lost.append((end, again))
-        cause = (end.report or {}).get("what") if (end.report or {}).get("event") == "hung" \
-            else describe(end.code)
+        cause = end.report["what"] if said == "hung" else describe(end.code)
         if not again:
             self.out.say(f"rank {rank} lost ({cause}); not restarted (--max-restarts "
                          f"{self.a.max_restarts} used): the others go on without it.")

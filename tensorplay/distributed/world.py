@@ -129,10 +129,10 @@ class World:
         self._groups[(ranks.key(), backend)] = group
         return group
 
-    def members(self) -> list[int]:
-        """The ranks that take part in cross-rank checks: every rank, or after an elastic
-        mesh changed, the ranks of its current mesh (O(world size))."""
-        return list(range(self.size)) if self.present is None else self.present
+    def members(self) -> Sequence[int]:
+        """The ranks that take part in cross-rank checks: every rank (a range, O(1)), or after
+        an elastic mesh changed, the ranks of its current mesh."""
+        return range(self.size) if self.present is None else self.present
 
     def groups(self) -> list[ProcessGroup]:
         """Every group registered in this world, the world group included."""
@@ -511,7 +511,8 @@ def destroy_process_group() -> None:
 
         if world.rank in world.members():
             with suppress(RuntimeError, OSError):
-                _elastic.finish(world.store, world.spmd.epoch, world.elastic, world.members())
+                _elastic.finish(world.store, world.spmd.epoch, world.elastic,
+                                list(world.members()))
     try:
         with named_failures(world, "destroy_process_group(): comparing collective call counts"):
             _accounting.check_at_end(world)

@@ -284,6 +284,7 @@ class TorchEngine:
         self._cuda_device: int | None = None  # chosen by the first 'cuda' mesh of a world
         self._made: list[Any] = []  # the c10d groups we made in the current world
         self._sockets: dict[int, set[tuple[int, str]]] = {}  # id(group) -> its (fd, inode)
+        self._note_sockets = False  # set by prepare_elastic: note each new group's sockets
         self.group_store: Any = None  # where our groups meet: set by start() and adopt()
 
     def default_backend(self) -> str:
@@ -306,7 +307,7 @@ class TorchEngine:
         """Create a c10d group named ``name`` of ``ranks`` (in this order); members only."""
         self.check_available(backend)
         ranks = ranks.tolist()
-        before = _sockets()
+        before = _sockets() if self._note_sockets else set()
         group, _ = c10d._new_process_group_helper(
             len(ranks),
             ranks.index(dist.get_rank()),
@@ -319,14 +320,17 @@ class TorchEngine:
         )
         c10d._world.pg_group_ranks[group] = {g: i for i, g in enumerate(ranks)}
         self._made.append(group)
-        self._sockets[id(group)] = _sockets() - before
+        if self._note_sockets:  # only an elastic recovery severs them
+            self._sockets[id(group)] = _sockets() - before
         return group
 
     def prepare_elastic(self) -> None:
-        """NCCL groups made from now on use non-blocking communicators, so that aborting
-        one (``sever``) ends a peer's wait instead of blocking in NCCL (a user's setting
-        wins). gloo needs nothing. Untested here: no GPU."""
+        """Groups made from now on can be severed: their sockets are noted as they are made
+        (a /proc/self/fd listing before and after, which other worlds skip), and NCCL groups
+        use non-blocking communicators, so that aborting one ends a peer's wait instead of
+        blocking in NCCL (a user's setting wins; untested here: no GPU)."""
         os.environ.setdefault("TORCH_NCCL_USE_COMM_NONBLOCKING", "1")
+        self._note_sockets = True
 
     def sever(self, engine_group: Any) -> None:
         """Shut down the sockets the group opened as it was made (gloo connects every pair
@@ -441,6 +445,7 @@ class TorchEngine:
         self._cuda_device = None
         made, self._made, self.group_store = self._made, [], None
         self._sockets.clear()
+        self._note_sockets = False
         for var, value in _picked.items():  # the interface was this world's choice, not the
             if os.environ.get(var) == value:  # process's: a later world or child chooses anew
                 del os.environ[var]
