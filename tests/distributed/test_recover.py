@@ -4,7 +4,10 @@ survivor saw (its --verbose line), the end of the job, and how long recovery too
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -79,13 +82,49 @@ def test_the_shrunk_mesh_answers_every_query_and_the_old_epoch_raises():
 
 
 def run(*flags: str, restarts: int = 0, launcher: tuple[str, ...] = ()) -> tuple[int, str, float]:
-    """Run the example under the launcher; (exit code, stdout + stderr, seconds)."""
+    """Run the example under the launcher; (exit code, stdout + stderr, seconds). A job past
+    LIMIT_S fails the test with its output and every rank's Python stacks (faulthandler on
+    SIGABRT), its launcher and ranks killed by pid."""
     cmd = [sys.executable, "-m", "tensorplay.distributed.run", "--nproc-per-node", "8",
            "--max-restarts", str(restarts), *launcher, "examples/train_elastic.py", *flags]
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     began = time.monotonic()
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=LIMIT_S,
-                          errors="replace")
-    return done.returncode, done.stdout + done.stderr, time.monotonic() - began
+    job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, errors="replace")
+    try:
+        out, err = job.communicate(timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        out, err = _stop_hung(job)
+        pytest.fail(f"the job ran past {LIMIT_S} s; its output and the ranks' stacks:\n"
+                    f"{out[-8000:]}\n--- stderr ---\n{err[-12000:]}")
+    return job.returncode, out + err, time.monotonic() - began
+
+
+def _stop_hung(job: subprocess.Popen) -> tuple[str, str]:
+    """SIGABRT each rank (its stacks go to stderr), then stop the launcher; its output."""
+    ranks = _children(job.pid)
+    for pid in ranks:
+        _signal(pid, signal.SIGABRT)
+    time.sleep(2)
+    _signal(job.pid, signal.SIGTERM)
+    try:
+        return job.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        for pid in [job.pid, *ranks, *_children(job.pid)]:
+            _signal(pid, signal.SIGKILL)
+        return job.communicate()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
 
 
 def views(out: str, what: str = "recovered") -> dict[int, tuple[str, list[int], float]]:
