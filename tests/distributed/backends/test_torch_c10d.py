@@ -48,3 +48,12 @@ def test_the_private_apis_are_listed_in_the_engine_docstring():
 ])
 def test_failures_are_classified_in_one_place(err, kind):
     assert torch_c10d.ENGINE.classify(err) == kind
+
+
+def test_gloo_groups_cannot_shrink_so_a_recovery_remakes_them(gloo1):
+    """docs/elastic.md: torch's shrink_group is NCCL only, so an elastic recovery makes the new
+    epoch's groups afresh. If this torch lets gloo shrink, that speed-up is worth taking."""
+    assert callable(getattr(tdist, "shrink_group", None))  # the call exists in this torch...
+    backend = tdist.group.WORLD._get_backend(torch.device("cpu"))
+    assert type(backend).__name__ == "ProcessGroupGloo"
+    assert backend.supports_shrinking is False  # ...but not for gloo
