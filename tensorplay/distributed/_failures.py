@@ -24,10 +24,11 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import _accounting, _env
+from . import _accounting, _env, _keys
 from .errors import (
     BackendError,
     DistributedError,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
 WATCH_S = 0.2  # how often a waiting rank looks for dead ranks on its host
 DEATH_GRACE_S = 1.0  # a peer's socket closes a moment before its process is reaped
+STORE_PEEK_S = 2.0  # the longest a failing rank spends on the store marking and reading FAILED
 FIX_FAILED = (
     "Fix: find the first rank that failed in the launcher's output (a crash, an out-of-memory "
     "kill, a signal) and fix that; then restart the whole job (a world with a dead rank "
@@ -161,10 +163,19 @@ def diagnose(
     lists the ranks that never arrived, None when nobody counted arrivals (outside a check).
     """
     said = f" Engine said: {engine_said(err)}." if err is not None else ""
+    gone: list[tuple[int, int]] = []
     if dead is None:
         here = _env.hostname()
-        dead = [(r, p, here) for r, p in
-                dead_on_this_host(world, wait_s=0.0 if timed_out else DEATH_GRACE_S)]
+        gone = dead_on_this_host(world, wait_s=0.0 if timed_out else DEATH_GRACE_S)
+        dead = [(r, p, here) for r, p in _not_failed(world, gone)]
+    if dead or gone:  # a loss seen: this rank may end next, and is not a loss itself
+        _mark_failed(world)
+    return _worded(world, step, said, dead, missing, store_gone, timed_out)
+
+
+def _worded(world: World, step: str, said: str, dead: list[Dead], missing: list[int] | None,
+            store_gone: RankFailedError | None, timed_out: bool) -> DistributedError:
+    """diagnose's error, from what it found."""
     never = f"{rank_words(missing)} never arrived at it" if missing else ""
     if dead:
         host = dead[0][2]
@@ -284,6 +295,42 @@ def unless_told(step: str | Callable[[], str], world: World, backend: str,
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+def _not_failed(world: World, gone: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Of the ranks gone from this host, those that did not end after raising RankFailedError
+    themselves (``_mark_failed``): on a (2, 4) mesh where rank 5 died, rank 4 raises naming 5
+    and ends; rank 0, whose dp peer is 4, fails after that and finds 4 and 5 gone, but only 5
+    died. Keeps every rank it cannot ask about (no store, or the store gone)."""
+    if not gone or not world.engine.capabilities.has_store or world.store is None:
+        return gone
+    try:
+        with _briefly(world.store) as store:
+            return [(r, p) for r, p in gone
+                    if not store.check([world.spmd.key(_keys.FAILED, rank=r)])]
+    except (RuntimeError, OSError, AttributeError):  # the store died with the rank serving
+        return gone  # it, or a store without timeouts
+
+
+def _mark_failed(world: World) -> None:
+    """Say in the store that this rank raised RankFailedError, before it may end (read by
+    ``_not_failed`` on the ranks of its host)."""
+    if not world.engine.capabilities.has_store or world.store is None:
+        return
+    with suppress(RuntimeError, OSError, AttributeError), _briefly(world.store) as store:
+        store.set(world.spmd.key(_keys.FAILED, rank=world.rank), "1")
+
+
+@contextmanager
+def _briefly(store: Any) -> Iterator[Any]:
+    """The store, its calls bounded by STORE_PEEK_S instead of the world's timeout (a store
+    host cut off must not hold an error back for minutes)."""
+    before = store.timeout
+    store.set_timeout(timedelta(seconds=STORE_PEEK_S))
+    try:
+        yield store
+    finally:
+        store.set_timeout(before)
 
 
 def dead_on_this_host(world: World, wait_s: float) -> list[tuple[int, int]]:

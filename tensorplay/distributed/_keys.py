@@ -36,6 +36,7 @@ CHECK_REQUEST = "check/{n}/request/{rank}"  # a request's JSON text, posted only
 BARRIER_MARK = "barrier/{group}/{n}/{rank}"  # a member's arrival at a lasting barrier
 CALLS = "calls/{group}/{rank}"  # a member's count of collective calls, posted at the end
 LEFT = "left/{rank}"  # a rank is done with the store (rank 0 waits for these before it closes)
+FAILED = "failed/{rank}"  # a rank raised RankFailedError: it saw a loss, it is not one (if gone)
 STRICT_CALL = "strict/{group}/{n}/{rank}"  # a member's call #n, in words (strict mode)
 
 # -- elastic keys: the chain of epochs (``_elastic``), per world but across epochs ------------

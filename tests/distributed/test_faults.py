@@ -303,6 +303,37 @@ def test_a_rank_killed_while_creating_groups_is_named(tmp_path):
         _check_bounded(result)
 
 
+def left_after_a_loss_job(rank: int, tmp: str) -> dict:
+    """3 ranks on one host: rank 2 dies; rank 1, its only peer, raises and ends; rank 0, whose
+    only peer is rank 1, calls after that and finds ranks 1 and 2 gone."""
+    import torch
+
+    import tensorplay.distributed as dist
+    from tensorplay.distributed import _failures, world
+
+    _join(rank, tmp, n=3)
+    pids = world._WORLD.host_pids
+    pair_12 = dist.new_group([1, 2]) if rank else None
+    pair_01 = dist.new_group([0, 1]) if rank < 2 else None
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 1:
+        return _attempt(lambda: dist.all_reduce(torch.ones(1), group=pair_12))
+    deadline = time.monotonic() + 60
+    while _failures.running(pids[1]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _attempt(lambda: dist.all_reduce(torch.ones(1), group=pair_01))
+
+
+def test_a_rank_that_ended_after_raising_is_not_named_as_a_second_death(tmp_path):
+    out = spawn.run(left_after_a_loss_job, 3, str(tmp_path), init=False, timeout=120,
+                    expect_errors=True)
+    for rank in (1, 0):  # rank 0 fails after rank 1 ended: it names rank 2 only
+        assert "RankFailedError" in out[rank]["error"], (rank, out[rank])
+        assert out[rank]["ranks"] == [2], (rank, out[rank]["message"])
+        assert "rank 2 (pid" in out[rank]["message"] and "died" in out[rank]["message"]
+
+
 # --------------------------------------------------------------------------------- (f): launcher
 
 
