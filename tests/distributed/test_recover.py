@@ -48,7 +48,8 @@ def _shrunk_mesh_queries(rank: int) -> dict[str, object]:
         dist.all_reduce(torch.ones(1), group=old.get_group("tp"))
     with pytest.raises(dist.StaleEpochError):
         dist.all_reduce(torch.ones(1))  # the world group held rank 3
-    if mesh.get_coordinate() is None:
+    if mesh.get_coordinate() is None:  # a spare that chooses to leave rather than wait
+        dist.destroy_process_group()
         return out
     tp, flat = mesh["tp"], mesh.flatten()
     t = torch.tensor([float(rank)])
@@ -59,7 +60,8 @@ def _shrunk_mesh_queries(rank: int) -> dict[str, object]:
                checks=current_world("test").spmd.counts().get("check"),  # counted afresh
                group=mesh.get_group("tp").name,
                describe=mesh.describe().splitlines()[0], dp_size=mesh.size("dp"),
-               local_tp=mesh.get_local_rank("tp"), shift=mesh.shift("tp", periodic=True))
+               local_tp=mesh.get_local_rank("tp"), shift=mesh.shift("tp", periodic=True),
+               grown=mesh.grow() is not mesh)  # nobody waits to join: the mesh stays (1, 2)
     return out
 
 
@@ -78,6 +80,7 @@ def test_the_shrunk_mesh_answers_every_query_and_the_old_epoch_raises():
         assert g["checks"] == 1 and "-e1-" in g["group"], g  # flatten(): epoch 1's first check
         assert g["dp_size"] == 1 and g["shift"] == (1 - rank, 1 - rank), g
         assert g["repr"] == "DeviceMesh('cpu', dp=1, tp=2; mesh=[[0, 1]], epoch 1)", g
+        assert g["grown"] is False, g
         assert "(1, 2)" in g["describe"], g
 
 
