@@ -1,6 +1,7 @@
 """The one spawn helper of the multi-process tests: start real ranks, run a function on each.
 
-``run(fn, n)`` starts n fresh processes (gloo over 127.0.0.1), calls ``fn(rank, *args)`` on
+``run(fn, n)`` starts n fresh processes (gloo over 127.0.0.1; forked from a server that
+imported torch once, with the caller's environment of now), calls ``fn(rank, *args)`` on
 each and returns their results in rank order; a failing rank fails the test with its traceback.
 ``Pool(n)`` keeps n ranks initialised across many calls (much faster than a spawn per test).
 Every wait has a deadline and every child is killed on the way out.
@@ -18,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-_CTX = mp.get_context("spawn")
+_CTX = mp.get_context("forkserver")
+_CTX.set_forkserver_preload(["torch"])  # imported once, in the server: each rank is a fork
 
 
 def free_port() -> int:
@@ -66,7 +68,15 @@ def _init(timeout_s: float) -> None:
     dist.init_process_group("gloo", timeout=timeout_s)
 
 
-def _child(rank, world_size, port, env, init, timeout_s, fn, args, results):
+def _as_spawned(parent_env: dict[str, str]) -> None:
+    """A forked rank sees the test's environment of now, as a spawned one would (the fork
+    server's was frozen when it started)."""
+    os.environ.clear()
+    os.environ.update(parent_env)
+
+
+def _child(rank, world_size, port, env, init, timeout_s, fn, args, results, parent_env):
+    _as_spawned(parent_env)
     os.environ.update(_env(rank, world_size, port, env))
     import tensorplay.distributed as dist
 
@@ -99,7 +109,7 @@ def run(
     results = _CTX.Queue()
     procs = [
         _CTX.Process(target=_child, args=(r, world_size, port, env, init, pg_timeout, fn, args,
-                                          results), daemon=True)
+                                          results, dict(os.environ)), daemon=True)
         for r in range(world_size)
     ]
     for p in procs:
@@ -149,7 +159,8 @@ def _raise_failures(out: list[Any]) -> None:
                              f"{failure.trace}")
 
 
-def _pool_child(rank, world_size, port, tasks, results):
+def _pool_child(rank, world_size, port, tasks, results, parent_env):
+    _as_spawned(parent_env)
     os.environ.update(_env(rank, world_size, port, None))
     import tensorplay.distributed as dist
 
@@ -174,7 +185,7 @@ class Pool:
         self._tasks = [_CTX.Queue() for _ in range(world_size)]
         self._procs = [
             _CTX.Process(target=_pool_child, args=(r, world_size, port, self._tasks[r],
-                                                   self._results), daemon=True)
+                                                   self._results, dict(os.environ)), daemon=True)
             for r in range(world_size)
         ]
         for p in self._procs:

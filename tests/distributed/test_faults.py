@@ -250,7 +250,17 @@ def killed_in_check_job(rank: int, tmp: str, victim: int, hosts: list[str]) -> d
     assert _wait_for(tmp, "joined", range(len(hosts)))
     if rank == victim:
         _consensus._digest = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
-    return _attempt(lambda: init_device_mesh("cpu", (len(hosts),)))
+    return _stay_until_all_said(tmp, rank, len(hosts), victim,
+                                _attempt(lambda: init_device_mesh("cpu", (len(hosts),))))
+
+
+def _stay_until_all_said(tmp: str, rank: int, n: int, victim: int, result: dict) -> dict:
+    """Keep this survivor running until every survivor has its error: one that ended at once
+    would be one more rank gone, which another survivor can tell from a death only by asking
+    the store, and here the store may have died with rank 0 (docs/bad_inputs.md)."""
+    _mark(tmp, "said", rank)
+    _wait_for(tmp, "said", [r for r in range(n) if r != victim], limit_s=30)
+    return result
 
 
 def _survivors_naming(out: list, dead: int) -> dict[int, dict]:
@@ -292,7 +302,7 @@ def killed_in_groups_job(rank: int, tmp: str) -> dict:
     _join(rank, tmp, n=3)
     if rank == 2:
         torch_c10d.ENGINE.new_group = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
-    return _attempt(lambda: DeviceMesh("cpu", [2, 0, 1]))
+    return _stay_until_all_said(tmp, rank, 3, 2, _attempt(lambda: DeviceMesh("cpu", [2, 0, 1])))
 
 
 def test_a_rank_killed_while_creating_groups_is_named(tmp_path):
