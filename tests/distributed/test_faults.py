@@ -113,7 +113,7 @@ def mismatch_job(rank: int, tmp: str) -> dict:
     if rank == 3:  # (e): rank 3 now dies inside the next mesh's cross-rank check
         _consensus._digest = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
     out["killed"] = _attempt(lambda: init_device_mesh("cpu", (4, 1)))
-    return out
+    return _stay_until_all_said(tmp, rank, N, 3, out)
 
 
 @pytest.fixture(scope="module")
