@@ -99,6 +99,10 @@ POLL_S = 0.1
 STOP_GRACE_S = 5.0  # after SIGTERM to a launcher, before SIGKILL to everything below us
 GOAL_SHRINK_S = 3.0
 GOAL_RATIO = 10.0
+OURS = ("ours", "shrink")  # the sides run by tensorplay-run; "torch" is torchrun's
+NAMES = {"ours": "tensorplay-run (elastic, --max-restarts 1)",
+         "shrink": "tensorplay-run (elastic, --max-restarts 0)",
+         "torch": "torchrun (restart-the-world)"}
 
 T = r"\s+t=(?P<t>\d+\.\d+)"
 KILL = re.compile(r"rank (?P<rank>\d+) kills itself at step (?P<step>\d+)" + T)
@@ -226,8 +230,8 @@ def _argv(side: str, a: argparse.Namespace, ckpt: Path) -> tuple[list[str], dict
            "--step-s", str(a.step_s)]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                TMPDIR=str(ckpt.parent))  # torchrun makes a torchelastic_* folder and keeps it
-    if side in OURS:  # "shrink": nobody restarted, so the first step after the kill is on
-        return ([sys.executable, "-m", "tensorplay.distributed.run", "--nproc-per-node",  # (1, 4)
+    if side in OURS:  # "shrink" restarts nobody: its first step after the kill is on (1, 4)
+        return ([sys.executable, "-m", "tensorplay.distributed.run", "--nproc-per-node",
                  str(NPROC), "--max-restarts", "1" if side == "ours" else "0",
                  os.path.join(ROOT, "examples", "train_elastic.py"), *job], env)
     if not a.torch_shared_store:
@@ -406,12 +410,6 @@ ROWS = [
                               "init_process_group, mesh, torch.load)"),
     ("torch", "kill_step", "**kill -> first step after the restart**, less one step"),
 ]
-
-
-OURS = ("ours", "shrink")
-NAMES = {"ours": "tensorplay-run (elastic, --max-restarts 1)",
-         "shrink": "tensorplay-run (elastic, --max-restarts 0)",
-         "torch": "torchrun (restart-the-world)"}
 
 
 def _sides(i: int) -> tuple[str, ...]:

@@ -302,10 +302,11 @@ def _not_failed(world: World, gone: list[tuple[int, int]]) -> list[tuple[int, in
     themselves (``_mark_failed``): on a (2, 4) mesh where rank 5 died, rank 4 raises naming 5
     and ends; rank 0, whose dp peer is 4, fails after that and finds 4 and 5 gone, but only 5
     died. Keeps every rank it cannot ask about (no store, or the store gone)."""
-    if not gone or not world.engine.capabilities.has_store or world.store is None:
+    store = _store(world)
+    if not gone or store is None:
         return gone
     try:
-        with _briefly(world.store) as store:
+        with _briefly(store):
             return [(r, p) for r, p in gone
                     if not store.check([world.spmd.key(_keys.FAILED, rank=r)])]
     except (RuntimeError, OSError, AttributeError):  # the store died with the rank serving
@@ -315,20 +316,26 @@ def _not_failed(world: World, gone: list[tuple[int, int]]) -> list[tuple[int, in
 def _mark_failed(world: World) -> None:
     """Say in the store that this rank raised RankFailedError, before it may end (read by
     ``_not_failed`` on the ranks of its host)."""
-    if not world.engine.capabilities.has_store or world.store is None:
+    store = _store(world)
+    if store is None:
         return
-    with suppress(RuntimeError, OSError, AttributeError), _briefly(world.store) as store:
+    with suppress(RuntimeError, OSError, AttributeError), _briefly(store):
         store.set(world.spmd.key(_keys.FAILED, rank=world.rank), "1")
 
 
+def _store(world: World) -> Any:
+    """The world's store, or None where its engine has none (MPI, a simulated world)."""
+    return world.store if world.engine.capabilities.has_store else None
+
+
 @contextmanager
-def _briefly(store: Any) -> Iterator[Any]:
-    """The store, its calls bounded by STORE_PEEK_S instead of the world's timeout (a store
-    host cut off must not hold an error back for minutes)."""
+def _briefly(store: Any) -> Iterator[None]:
+    """Inside the block, the store's calls are bounded by STORE_PEEK_S instead of the world's
+    timeout (a store host cut off must not hold an error back for minutes)."""
     before = store.timeout
     store.set_timeout(timedelta(seconds=STORE_PEEK_S))
     try:
-        yield store
+        yield
     finally:
         store.set_timeout(before)
 

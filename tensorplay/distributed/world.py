@@ -156,9 +156,10 @@ class World:
             engine_group = group.retire(why)
             if engine_group is not None and group is not self.default_group:
                 closed.append(engine_group)
-                with suppress(Exception):  # a group already broken closes as it can
-                    if sever:
+                if sever:
+                    with suppress(Exception):  # a group already broken breaks as it can
                         self.engine.sever(engine_group)
+                with suppress(Exception):  # and closes as it can
                     self.engine.close_group(engine_group)
         return closed
 

@@ -283,8 +283,9 @@ class TorchEngine:
     def __init__(self) -> None:
         self._cuda_device: int | None = None  # chosen by the first 'cuda' mesh of a world
         self._made: list[Any] = []  # the c10d groups we made in the current world
-        self._sockets: dict[int, set[tuple[int, str]]] = {}  # id(group) -> its (fd, inode)
-        self._note_sockets = False  # set by prepare_elastic: note each new group's sockets
+        # id(group) -> its (fd, inode); None until prepare_elastic: only an elastic world's
+        # groups are severed, so only they are noted
+        self._sockets: dict[int, set[tuple[int, str]]] | None = None
         self.group_store: Any = None  # where our groups meet: set by start() and adopt()
 
     def default_backend(self) -> str:
@@ -307,7 +308,8 @@ class TorchEngine:
         """Create a c10d group named ``name`` of ``ranks`` (in this order); members only."""
         self.check_available(backend)
         ranks = ranks.tolist()
-        before = _sockets() if self._note_sockets else set()
+        noted = self._sockets  # None outside an elastic world
+        before = _sockets() if noted is not None else set()
         group, _ = c10d._new_process_group_helper(
             len(ranks),
             ranks.index(dist.get_rank()),
@@ -320,8 +322,8 @@ class TorchEngine:
         )
         c10d._world.pg_group_ranks[group] = {g: i for i, g in enumerate(ranks)}
         self._made.append(group)
-        if self._note_sockets:  # only an elastic recovery severs them
-            self._sockets[id(group)] = _sockets() - before
+        if noted is not None:
+            noted[id(group)] = _sockets() - before
         return group
 
     def prepare_elastic(self) -> None:
@@ -330,7 +332,8 @@ class TorchEngine:
         use non-blocking communicators, so that aborting one ends a peer's wait instead of
         blocking in NCCL (a user's setting wins; untested here: no GPU)."""
         os.environ.setdefault("TORCH_NCCL_USE_COMM_NONBLOCKING", "1")
-        self._note_sockets = True
+        if self._sockets is None:
+            self._sockets = {}
 
     def sever(self, engine_group: Any) -> None:
         """Shut down the sockets the group opened as it was made (gloo connects every pair
@@ -339,7 +342,7 @@ class TorchEngine:
         torch offers it (untested here: no GPU). Only after a failure: a socket a faster peer
         opened for a later group can be counted as this group's (1 run in 2 of a test that
         opens epochs back to back broke so), harmless only while no later group exists."""
-        for fd, inode in list(self._sockets.get(id(engine_group), ())):
+        for fd, inode in list((self._sockets or {}).get(id(engine_group), ())):
             _shut(fd, inode)
         if dist.get_backend(engine_group) == "nccl" and callable(getattr(engine_group, "abort",
                                                                           None)):
@@ -349,7 +352,8 @@ class TorchEngine:
         """Destroy one c10d group (torch forgets it; its threads and sockets go with its last
         reference, which the world drops on a daemon thread: gloo's teardown can block for
         ever joining its event loop after a peer was SIGKILLed)."""
-        self._sockets.pop(id(engine_group), None)
+        if self._sockets is not None:
+            self._sockets.pop(id(engine_group), None)
         if engine_group in self._made:
             self._made.remove(engine_group)
         if engine_group in c10d._world.pg_map:
@@ -444,8 +448,7 @@ class TorchEngine:
         owner tears the world down)."""
         self._cuda_device = None
         made, self._made, self.group_store = self._made, [], None
-        self._sockets.clear()
-        self._note_sockets = False
+        self._sockets = None
         for var, value in _picked.items():  # the interface was this world's choice, not the
             if os.environ.get(var) == value:  # process's: a later world or child chooses anew
                 del os.environ[var]
