@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = "tensorplay.distributed"
-PACKAGE_DIR = Path(__file__).resolve().parents[2] / "tensorplay" / "distributed"
+PACKAGE_DIR = Path(__file__).resolve().parents[2] / "src" / "tensorplay" / "distributed"
 
 
 def _modules() -> dict[str, Path]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "tensorplay" / "distributed"
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "tensorplay" / "distributed"
 PURE = ["_layout", "_mesh_spec", "_mesh_args", "_env", "errors", "run", "_topology",
         "_describe", "_plot", "plan", "_keys", "_arrays", "_engine", "_rank_main",
         "_rank_ends"]

@@ -46,14 +46,14 @@ def test_dir_and_help_list_the_whole_api():
 
 
 def test_the_package_is_marked_typed():
-    assert (ROOT / "tensorplay" / "distributed" / "py.typed").exists()
+    assert (ROOT / "src" / "tensorplay" / "distributed" / "py.typed").exists()
     assert '"tensorplay.distributed" = ["py.typed"]' in (ROOT / "pyproject.toml").read_text()
 
 
 def _mypy(tmp_path: Path, script: str) -> subprocess.CompletedProcess:
     (tmp_path / "user.py").write_text(script)
     (tmp_path / "mypy.ini").write_text(MYPY_CONFIG)
-    env = dict(os.environ, MYPYPATH=str(ROOT))
+    env = {k: v for k, v in os.environ.items() if k != "MYPYPATH"}  # found as installed
     return subprocess.run([sys.executable, "-m", "mypy", "--config-file", "mypy.ini",
                            "--no-incremental", "user.py"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -67,3 +67,7 @@ def test_a_type_checker_accepts_a_user_script_and_reports_a_typo(tmp_path):
     typo = _mypy(tmp_path, USER_SCRIPT.replace("group=mesh", "groop=mesh"))
     assert typo.returncode == 1
     assert 'Unexpected keyword argument "groop" for "all_reduce"' in typo.stdout, typo.stdout
+    misspelt = _mypy(tmp_path, USER_SCRIPT.replace("mesh_dim_names=", "mesh_dim_name="))
+    assert misspelt.returncode == 1
+    assert 'Unexpected keyword argument "mesh_dim_name" for "init_device_mesh"' in \
+        misspelt.stdout, misspelt.stdout
