@@ -319,7 +319,7 @@ def left_after_a_loss_job(rank: int, tmp: str) -> dict:
     import torch
 
     import tensorplay.distributed as dist
-    from tensorplay.distributed import _failures, world
+    from tensorplay.distributed import _procfs, world
 
     _join(rank, tmp, n=3)
     pids = world._WORLD.host_pids
@@ -330,7 +330,7 @@ def left_after_a_loss_job(rank: int, tmp: str) -> dict:
     if rank == 1:
         return _attempt(lambda: dist.all_reduce(torch.ones(1), group=pair_12))
     deadline = time.monotonic() + 60
-    while _failures.running(pids[1]) and time.monotonic() < deadline:
+    while _procfs.alive(pids[1]) and time.monotonic() < deadline:
         time.sleep(0.02)
     return _attempt(lambda: dist.all_reduce(torch.ones(1), group=pair_01))
 
@@ -428,7 +428,7 @@ def _arrive(world, n: int, ranks) -> None:
 
 
 def test_running_treats_zombies_and_reaped_processes_as_dead():
-    from tensorplay.distributed._failures import running
+    from tensorplay.distributed._procfs import alive as running
 
     assert running(os.getpid())
     assert not running(_exited_pid())

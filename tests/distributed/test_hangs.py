@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorplay.distributed import _hangs
+from tensorplay.distributed import _hangs, _procfs
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
@@ -20,10 +20,10 @@ LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
 def test_a_stopped_process_is_seen_stopped_and_a_running_one_is_not():
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        assert not _hangs.stopped(proc.pid)
+        assert not _procfs.stopped(proc.pid)
         os.kill(proc.pid, signal.SIGSTOP)
         deadline = time.monotonic() + 5
-        while not _hangs.stopped(proc.pid):
+        while not _procfs.stopped(proc.pid):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         watch = _hangs.HangWatch(stopped_s=2.0, hang_s=None)

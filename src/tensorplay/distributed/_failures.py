@@ -28,7 +28,7 @@ from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import _accounting, _env, _keys
+from . import _accounting, _env, _keys, _procfs
 from .errors import (
     BackendError,
     DistributedError,
@@ -225,7 +225,7 @@ def death_watch(world: World, notify: Callable[[list[Dead]], None],
 
     def watch() -> None:
         while not stop.wait(WATCH_S):
-            dead = sorted((r, p) for r, p in others.items() if not running(p))
+            dead = sorted((r, p) for r, p in others.items() if not _procfs.alive(p))
             if dead:
                 notify([(r, p, here) for r, p in dead])
                 return
@@ -349,25 +349,7 @@ def dead_on_this_host(world: World, wait_s: float) -> list[tuple[int, int]]:
     deadline = time.monotonic() + wait_s
     pids = world.host_pids or {}
     while True:
-        dead = sorted((r, p) for r, p in pids.items() if r != world.rank and not running(p))
+        dead = sorted((r, p) for r, p in pids.items() if r != world.rank and not _procfs.alive(p))
         if dead or time.monotonic() >= deadline:
             return dead
         time.sleep(0.05)
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie counts as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True

@@ -23,14 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-
-def stopped(pid: int) -> bool:
-    """Whether the process is stopped by a signal (state T); False where /proc is missing."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"T"
-    except (OSError, IndexError):
-        return False
+from ._procfs import stopped
 
 
 class HangWatch:

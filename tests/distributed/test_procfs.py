@@ -1,0 +1,54 @@
+"""_procfs: a process's state, children and command line as /proc gives them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tensorplay.distributed import _procfs
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux's /proc")
+
+
+def _wait_for(check, limit_s: float = 10.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not check():
+        assert time.monotonic() < deadline, "the state was not reached"
+        time.sleep(0.01)
+
+
+def test_a_child_is_seen_running_stopped_and_then_dead():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             env={**os.environ, "TP_PROCFS_MARK": "yes"})
+    try:
+        assert _procfs.alive(child.pid) and not _procfs.stopped(child.pid)
+        assert child.pid in _procfs.children(os.getpid())
+        assert _procfs.cmdline(child.pid)[1:] == ["-c", "import time; time.sleep(30)"]
+        assert _procfs.environ(child.pid)["TP_PROCFS_MARK"] == "yes"
+        child.send_signal(signal.SIGSTOP)
+        _wait_for(lambda: _procfs.stopped(child.pid))
+        child.send_signal(signal.SIGKILL)
+        _wait_for(lambda: _procfs.state(child.pid) == "Z")  # ended, not yet reaped
+        assert not _procfs.alive(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert _procfs.state(child.pid) is None and not _procfs.alive(child.pid)
+    assert _procfs.children(child.pid) == [] and _procfs.cmdline(child.pid) == []
+
+
+def test_a_command_name_with_spaces_and_parentheses_is_split_at_its_last_parenthesis(tmp_path):
+    odd = tmp_path / "a (b) c"
+    odd.symlink_to(sys.executable)
+    child = subprocess.Popen([str(odd), "-c", "import time; time.sleep(30)"])
+    try:
+        _wait_for(lambda: _procfs.state(child.pid) in ("S", "R"))
+        assert _procfs.stat_fields(child.pid)[1] == str(os.getpid())  # the parent pid
+    finally:
+        child.kill()
+        child.wait()
