@@ -10,10 +10,6 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
 from tensorplay.distributed import _consensus
 from tensorplay.distributed.errors import MeshMismatchError
 
@@ -71,15 +67,3 @@ def test_many_distinct_requests_spell_out_the_first_few_and_count_the_rest():
     assert len(values) == _consensus.SHOWN_VALUES + 1
     assert values["(0, 1)"] == [0]
     assert values["<3 more distinct requests>"] == [size - 3, size - 2, size - 1]
-
-
-@given(st.sets(st.integers(0, 300), min_size=1))
-def test_rank_runs_round_trip(ranks):
-    ordered = sorted(ranks)
-    assert _consensus._unruns(_consensus._runs(ordered)) == ordered
-
-
-@pytest.mark.parametrize(("ranks", "text"), [([0, 1, 2, 5], "0-2,5"), ([7], "7"),
-                                             ([1, 3, 4], "1,3-4")])
-def test_rank_runs_are_compact(ranks, text):
-    assert _consensus._runs(ranks) == text

@@ -9,6 +9,7 @@ import pytest
 
 import tensorplay.distributed as dist
 from tensorplay.distributed import _elastic, _keys
+from tensorplay.distributed._control_store import StoreBoard
 from tensorplay.distributed._elastic import Elastic
 from tensorplay.distributed.errors import (
     ArgumentError,
@@ -44,7 +45,7 @@ MEMBERS = {0, 1, 2, 3}  # rank 5 lost at epoch 0: slice 1 removed, 4, 6, 7 spare
 
 
 def test_a_poll_grows_only_when_a_removed_slice_is_complete():
-    store = Store()
+    store = StoreBoard(Store())
     for spare in (4, 6, 7):
         _elastic.want(store, spare, f"{100 + spare} hostA")
     assert _elastic.poll(store, PLAN, 1, MEMBERS) is None  # rank 5 not back yet
@@ -57,7 +58,7 @@ def test_a_poll_grows_only_when_a_removed_slice_is_complete():
 
 
 def test_every_member_reads_the_first_answer_of_a_poll():
-    store = Store()
+    store = StoreBoard(Store())
     assert _elastic.poll(store, PLAN, 1, MEMBERS) is None  # the first member found nobody
     for r in (4, 5, 6, 7):
         _elastic.want(store, r, f"{r} hostA")
@@ -66,16 +67,16 @@ def test_every_member_reads_the_first_answer_of_a_poll():
 
 
 def test_the_first_record_of_what_follows_an_epoch_stands():
-    store = Store()
+    store = StoreBoard(Store())
     shrink = {"epoch": 2, "shape": [1, 4], "ranks": [0, 1, 2, 3], "lost": [5]}
     assert _elastic.next_of(store, 1, shrink) == shrink
     assert _elastic.next_of(store, 1, {"epoch": 2, "shape": [2, 4]}) == shrink
     _elastic.end(store, 1, "too late")  # an end after a record changes nothing
-    assert json.loads(store.get(_keys.ELASTIC_NEXT.format(epoch=1))) == shrink
+    assert json.loads(store.peek([_keys.ELASTIC_NEXT.format(epoch=1)])[0]) == shrink
 
 
 def test_a_waiting_rank_follows_the_chain_to_the_record_that_admits_it():
-    store = Store()
+    store = StoreBoard(Store())
     _elastic.next_of(store, 0, {"epoch": 1, "shape": [1, 4], "ranks": [0, 1, 2, 3],
                                 "lost": [5]})
     old = {"epoch": 2, "shape": [2, 4], "ranks": list(range(8)), "admitted": {"5": "1 old"}}
@@ -84,15 +85,15 @@ def test_a_waiting_rank_follows_the_chain_to_the_record_that_admits_it():
               "admitted": {"5": "2 new"}}
     _elastic.next_of(store, 2, admits)
     assert _elastic.await_admission(store, 5, "2 new", 0, timeout_s=1) == admits
-    assert store.get(_keys.ELASTIC_WANT.format(rank=5)) == b"2 new"
+    assert store.peek([_keys.ELASTIC_WANT.format(rank=5)]) == ["2 new"]
 
 
 def test_a_waiting_rank_learns_that_the_job_ended_or_finished():
-    store = Store()
+    store = StoreBoard(Store())
     _elastic.end(store, 0, "mesh dim 'dp' would keep 0 of its 2 slices")
     with pytest.raises(ShrinkError, match="rank 5 waited to join, but the job ended: mesh dim"):
         _elastic.await_admission(store, 5, "1 a", 0, timeout_s=1)
-    store = Store()
+    store = StoreBoard(Store())
     _elastic.finish(store, 0, (1, 4), [0, 1, 2, 3])
     assert _elastic.await_admission(store, 5, "1 a", 0, timeout_s=1)["finished"] == (
         "the members finished at epoch 0")
@@ -100,7 +101,7 @@ def test_a_waiting_rank_learns_that_the_job_ended_or_finished():
 
 def test_a_waiting_rank_nobody_admits_times_out_saying_why():
     with pytest.raises(DistributedTimeoutError, match="no member admitted it.*mesh.grow()"):
-        _elastic.await_admission(Store(), 5, "1 a", 0, timeout_s=0.1)
+        _elastic.await_admission(StoreBoard(Store()), 5, "1 a", 0, timeout_s=0.1)
 
 
 @pytest.fixture

@@ -442,14 +442,13 @@ def test_running_treats_zombies_and_reaped_processes_as_dead():
 
 
 def test_a_broken_connection_names_the_dead_and_the_missing():
-    from tensorplay.distributed import _consensus
     from tensorplay.distributed.errors import RankFailedError
 
     world = _world()
     world.host_pids = {0: os.getpid(), 1: os.getpid(), 2: _exited_pid()}
     _arrive(world, 1, [0, 1, 2])
-    err = _consensus._diagnosed(world, "init_device_mesh() (cross-rank check #1)", 1,
-                               RuntimeError("[pair.cc:1] Connection reset by peer"), False)
+    err = world.control.diagnosed("init_device_mesh() (cross-rank check #1)", 1,
+                                      RuntimeError("[pair.cc:1] Connection reset by peer"), False)
     assert isinstance(err, RankFailedError)
     assert err.ranks == [2]
     text = str(err)
@@ -459,14 +458,14 @@ def test_a_broken_connection_names_the_dead_and_the_missing():
 
 
 def test_a_broken_connection_with_nobody_dead_here_blames_another_host():
-    from tensorplay.distributed import _consensus, _failures
+    from tensorplay.distributed import _failures
     from tensorplay.distributed.errors import RankFailedError
 
     world = _world()
     _arrive(world, 1, range(4))
     start = time.monotonic()
-    err = _consensus._diagnosed(world, "flatten() (cross-rank check #1)", 1,
-                               RuntimeError("Connection closed by peer"), False)
+    err = world.control.diagnosed("flatten() (cross-rank check #1)", 1,
+                                      RuntimeError("Connection closed by peer"), False)
     assert time.monotonic() - start < _failures.DEATH_GRACE_S + 2  # bounded grace
     assert isinstance(err, RankFailedError) and err.ranks is None
     assert "a rank on another host probably did" in str(err)
@@ -478,8 +477,8 @@ def test_a_timeout_names_the_missing_and_leaves_a_note_for_late_ranks():
 
     world = _world()
     _arrive(world, 1, [0, 1])
-    err = _consensus._diagnosed(world, "init_device_mesh() (cross-rank check #1)", 1,
-                               RuntimeError("Timed out waiting 5000ms"), True)
+    err = world.control.diagnosed("init_device_mesh() (cross-rank check #1)", 1,
+                                      RuntimeError("Timed out waiting 5000ms"), True)
     assert isinstance(err, DistributedTimeoutError)
     assert err.missing == [2, 3] and err.timeout_s == PG_TIMEOUT_S
     assert "ranks 2-3 had not arrived" in str(err)
@@ -500,13 +499,12 @@ class _GoneStore:
 
 def test_a_dead_rank_is_named_even_when_the_store_is_gone_too():
     """Rank 0 often exits right after its own error; the others must still name the dead."""
-    from tensorplay.distributed import _consensus
     from tensorplay.distributed.errors import RankFailedError
 
     world = _world(rank=1, store=_GoneStore())
     world.host_pids = {0: os.getpid(), 1: os.getpid(), 2: _exited_pid()}
-    err = _consensus._diagnosed(world, "flatten() (cross-rank check #2)", 2,
-                               RuntimeError("Connection closed by peer"), False)
+    err = world.control.diagnosed("flatten() (cross-rank check #2)", 2,
+                                      RuntimeError("Connection closed by peer"), False)
     assert isinstance(err, RankFailedError) and err.ranks == [2], err
     assert str(err).startswith("flatten() (cross-rank check #2) failed: rank 2 (pid ")
 

@@ -18,16 +18,19 @@ def _rounds(rank: int, port: int) -> dict[str, object]:
     import torch.distributed as tdist
 
     from tensorplay.distributed import ShrinkError, StaleEpochError
+    from tensorplay.distributed._control_store import StoreBoard
     from tensorplay.distributed._survivors import agree_lost
 
-    store = tdist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=30))
+    board = StoreBoard(tdist.TCPStore("127.0.0.1", port, None, False,
+                                      timeout=timedelta(seconds=30)))
     members = range(5)
     out: dict[str, object] = {}
+    rounds = ["one lost", "none lost", "late", "no majority"]  # each in an epoch of its own
 
     def attempt(name: str, suspects=(), **kw) -> None:
         start = time.monotonic()
         try:
-            out[name] = agree_lost(store, name, rank, members, suspects, **kw)
+            out[name] = agree_lost(board, rounds.index(name), rank, members, suspects, **kw)
         except (ShrinkError, StaleEpochError) as err:
             out[name] = f"{type(err).__name__}: {err}"
         out[name + " s"] = time.monotonic() - start

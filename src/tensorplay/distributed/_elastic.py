@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _keys
+from ._control import Board
 from ._shrink import grow
 from .errors import DistributedTimeoutError, ShrinkError
 
@@ -67,43 +68,57 @@ class Elastic:
                        decision["epoch"], tuple(decision.get("fresh", ())))
 
 
-def next_of(store: Any, epoch: int, proposal: dict[str, Any]) -> dict[str, Any]:
+def board_of(world: World) -> Board:
+    """The world's control plane as a Board (every elastic world has one: checked when the
+    elastic mesh is made, ``elastic_refused``)."""
+    control = world.control
+    assert isinstance(control, Board), "elastic_refused() let a world without a board through"
+    return control
+
+
+def elastic_refused(world: World) -> str | None:
+    """Why ``world`` cannot hold an elastic mesh, or None: the survivors of a loss agree on a
+    board any rank reads at any time (a store); a control plane in step only (MPI's) has none."""
+    if isinstance(world.control, Board):
+        return None
+    return (f"needs a store where the survivors agree; the {world.engine.name} engine has none "
+            "(its control plane runs in step only)")
+
+
+def next_of(board: Board, epoch: int, proposal: dict[str, Any]) -> dict[str, Any]:
     """What follows ``epoch``: ``proposal`` if it is the first written, else the first."""
     key = _keys.ELASTIC_NEXT.format(epoch=epoch)
-    return json.loads(store.compare_set(key, "", json.dumps(proposal)))
+    return json.loads(board.decide(key, json.dumps(proposal)))
 
 
-def end(store: Any, epoch: int, why: str) -> None:
+def end(board: Board, epoch: int, why: str) -> None:
     """Write that the job ends after ``epoch`` (ranks waiting to join read why), unless
     another record came first."""
-    next_of(store, epoch, {"end": why})
+    next_of(board, epoch, {"end": why})
 
 
-def finish(store: Any, epoch: int, shape: tuple[int, ...], ranks: list[int]) -> None:
+def finish(board: Board, epoch: int, shape: tuple[int, ...], ranks: list[int]) -> None:
     """The members are done (destroy_process_group): ranks still waiting to join get the last
     mesh, which does not hold them, and leave."""
-    next_of(store, epoch, {"finished": f"the members finished at epoch {epoch}",
+    next_of(board, epoch, {"finished": f"the members finished at epoch {epoch}",
                            "epoch": epoch, "shape": list(shape), "ranks": ranks})
 
 
-def poll(store: Any, plan: Elastic, n: int, members: set[int]) -> dict[str, Any] | None:
+def poll(board: Board, plan: Elastic, n: int, members: set[int]) -> dict[str, Any] | None:
     """The members' ``n``-th grow poll of this epoch: the grown mesh, or None (the same on
     every member: the first to arrive decides)."""
     key = _keys.ELASTIC_POLL.format(epoch=plan.epoch, n=n)
-    if store.check([key]):
-        decided = json.loads(store.get(key))
-    else:
-        decided = json.loads(store.compare_set(key, "", json.dumps(_growth(store, plan,
-                                                                           members))))
-    return decided or None
+    posted = board.peek([key])[0]
+    if posted is None:
+        posted = board.decide(key, json.dumps(_growth(board, plan, members)))
+    return json.loads(posted) or None
 
 
-def _growth(store: Any, plan: Elastic, members: set[int]) -> dict[str, Any]:
+def _growth(board: Board, plan: Elastic, members: set[int]) -> dict[str, Any]:
     """The grown mesh if waiting ranks complete a removed slice, else {}."""
     missing = [r for r in plan.full_ranks if r not in members]
-    keys = [_keys.ELASTIC_WANT.format(rank=r) for r in missing]
-    waiting = {r: store.get(k).decode() for r, k in zip(missing, keys, strict=True)
-               if store.check([k])}
+    tokens = board.peek([_keys.ELASTIC_WANT.format(rank=r) for r in missing])
+    waiting = {r: t for r, t in zip(missing, tokens, strict=True) if t is not None}
     shape, ranks = grow(plan.full_shape, plan.full_ranks, plan.dim, members | set(waiting))
     admitted = {str(r): waiting[r] for r in ranks if r in waiting}
     if not admitted:
@@ -112,12 +127,12 @@ def _growth(store: Any, plan: Elastic, members: set[int]) -> dict[str, Any]:
             "fresh": sorted(int(r) for r in admitted), "admitted": admitted}
 
 
-def want(store: Any, rank: int, token: str) -> None:
+def want(board: Board, rank: int, token: str) -> None:
     """Say that ``rank`` (this process, ``token``) waits to join the mesh."""
-    store.set(_keys.ELASTIC_WANT.format(rank=rank), token)
+    board.post(_keys.ELASTIC_WANT.format(rank=rank), token)
 
 
-def await_admission(store: Any, rank: int, token: str, epoch: int,
+def await_admission(board: Board, rank: int, token: str, epoch: int,
                     timeout_s: float) -> dict[str, Any]:
     """Follow the chain from ``epoch`` until a record admits ``token`` or says the members
     finished; that record.
@@ -125,12 +140,12 @@ def await_admission(store: Any, rank: int, token: str, epoch: int,
     Raises ShrinkError when the job ended (naming why), DistributedTimeoutError after
     ``timeout_s`` (the members never grew: no grow() poll, or a slice still incomplete).
     """
-    want(store, rank, token)
+    want(board, rank, token)
     began = time.monotonic()
     while True:
-        key = _keys.ELASTIC_NEXT.format(epoch=epoch)
-        if store.check([key]):
-            decision = json.loads(store.get(key))
+        posted = board.peek([_keys.ELASTIC_NEXT.format(epoch=epoch)])[0]
+        if posted is not None:
+            decision = json.loads(posted)
             if "end" in decision:
                 raise ShrinkError(f"rank {rank} waited to join, but the job ended: "
                                   f"{decision['end']}")
@@ -148,11 +163,11 @@ def await_admission(store: Any, rank: int, token: str, epoch: int,
         time.sleep(POLL_S)
 
 
-def recovering(store: Any, epoch: int, rank: int) -> None:
+def recovering(board: Board, epoch: int, rank: int) -> None:
     """Say that a recovery of ``epoch`` began (this rank caught a failure): every rank's
     watcher then breaks its connections of that epoch, so none stays blocked in a collective
     with a peer that is stalled, or itself blocked elsewhere."""
-    store.set(_keys.ELASTIC_RECOVERING.format(epoch=epoch), str(rank))
+    board.post(_keys.ELASTIC_RECOVERING.format(epoch=epoch), str(rank))
 
 
 def watch(world: World) -> None:
@@ -167,14 +182,14 @@ def watch(world: World) -> None:
     if world.watching:
         return
     world.watching = True
-    store = world.store.clone()
+    board = board_of(world).clone()
     every = WATCH_S * max(1.0, world.size / 1000)
 
     def run() -> None:
         while world.alive:
             epoch = world.spmd.epoch
             with suppress(Exception):  # the store gone: the main thread will say so
-                if store.check([_keys.ELASTIC_RECOVERING.format(epoch=epoch)]):
+                if board.peek([_keys.ELASTIC_RECOVERING.format(epoch=epoch)])[0] is not None:
                     world.sever_epoch(epoch)
                     while world.alive and world.spmd.epoch == epoch:
                         time.sleep(every)

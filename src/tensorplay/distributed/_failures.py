@@ -25,10 +25,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _accounting, _env, _keys, _procfs
+from ._control import Board
 from .errors import (
     BackendError,
     DistributedError,
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 
 WATCH_S = 0.2  # how often a waiting rank looks for dead ranks on its host
 DEATH_GRACE_S = 1.0  # a peer's socket closes a moment before its process is reaped
-STORE_PEEK_S = 2.0  # the longest a failing rank spends on the store marking and reading FAILED
 FIX_FAILED = (
     "Fix: find the first rank that failed in the launcher's output (a crash, an out-of-memory "
     "kill, a signal) and fix that; then restart the whole job (a world with a dead rank "
@@ -301,43 +300,27 @@ def _not_failed(world: World, gone: list[tuple[int, int]]) -> list[tuple[int, in
     """Of the ranks gone from this host, those that did not end after raising RankFailedError
     themselves (``_mark_failed``): on a (2, 4) mesh where rank 5 died, rank 4 raises naming 5
     and ends; rank 0, whose dp peer is 4, fails after that and finds 4 and 5 gone, but only 5
-    died. Keeps every rank it cannot ask about (no store, or the store gone)."""
-    store = _store(world)
-    if not gone or store is None:
+    died. Keeps every rank it cannot ask about (a control plane that is no Board, or the store
+    gone)."""
+    control = world.control
+    if not gone or not isinstance(control, Board):
         return gone
     try:
-        with _briefly(store):
-            return [(r, p) for r, p in gone
-                    if not store.check([world.spmd.key(_keys.FAILED, rank=r)])]
+        with control.briefly():
+            marks = control.peek([world.spmd.key(_keys.FAILED, rank=r) for r, _ in gone])
     except (RuntimeError, OSError, AttributeError):  # the store died with the rank serving
         return gone  # it, or a store without timeouts
+    return [pair for pair, mark in zip(gone, marks, strict=True) if mark is None]
 
 
 def _mark_failed(world: World) -> None:
-    """Say in the store that this rank raised RankFailedError, before it may end (read by
-    ``_not_failed`` on the ranks of its host)."""
-    store = _store(world)
-    if store is None:
+    """Say on the control plane's board that this rank raised RankFailedError, before it may
+    end (read by ``_not_failed`` on the ranks of its host)."""
+    control = world.control
+    if not isinstance(control, Board):
         return
-    with suppress(RuntimeError, OSError, AttributeError), _briefly(store):
-        store.set(world.spmd.key(_keys.FAILED, rank=world.rank), "1")
-
-
-def _store(world: World) -> Any:
-    """The world's store, or None where its engine has none (MPI, a simulated world)."""
-    return world.store if world.engine.capabilities.has_store else None
-
-
-@contextmanager
-def _briefly(store: Any) -> Iterator[None]:
-    """Inside the block, the store's calls are bounded by STORE_PEEK_S instead of the world's
-    timeout (a store host cut off must not hold an error back for minutes)."""
-    before = store.timeout
-    store.set_timeout(timedelta(seconds=STORE_PEEK_S))
-    try:
-        yield
-    finally:
-        store.set_timeout(before)
+    with suppress(RuntimeError, OSError, AttributeError), control.briefly():
+        control.post(world.spmd.key(_keys.FAILED, rank=world.rank), "1")
 
 
 def dead_on_this_host(world: World, wait_s: float) -> list[tuple[int, int]]:

@@ -34,15 +34,16 @@ CHECK_ARRIVE = "check/{n}/arrive/{rank}"  # a rank's request digest (or a death 
 CHECK_OUTCOME = "check/{n}/outcome"  # ok | differ ... | gave_up ... | dead ...
 CHECK_REQUEST = "check/{n}/request/{rank}"  # a request's JSON text, posted only on a difference
 BARRIER_MARK = "barrier/{group}/{n}/{rank}"  # a member's arrival at a lasting barrier
-CALLS = "calls/{group}/{rank}"  # a member's count of collective calls, posted at the end
+EXCHANGE = "exchange/{name}/{rank}"  # a rank's text in a Control.exchange ("calls": its counts)
 LEFT = "left/{rank}"  # a rank is done with the store (rank 0 waits for these before it closes)
 FAILED = "failed/{rank}"  # a rank raised RankFailedError: it saw a loss, it is not one (if gone)
-STRICT_CALL = "strict/{group}/{n}/{rank}"  # a member's call #n, in words (strict mode)
 
 # -- elastic keys: the chain of epochs (``_elastic``), per world but across epochs ------------
 ELASTIC_NEXT = "elastic/e{epoch}/next"  # what follows epoch k: its mesh, or the end (JSON)
 ELASTIC_RECOVERING = "elastic/e{epoch}/recovering"  # a member began recover() in epoch k
 ELASTIC_POLL = "elastic/e{epoch}/poll/{n}"  # the members' n-th grow() poll in epoch k: decided
+RECOVER_HERE = "recover/e{epoch}/here/{rank}"  # a survivor of epoch k: its suspects, its dead
+RECOVER_VERDICT = "recover/e{epoch}/verdict"  # the lost ranks of epoch k (or a refusal), decided
 ELASTIC_WANT = "elastic/want/{rank}"  # a rank waiting to join: "<token>" (a replacement, a spare)
 
 _worlds_started = 0  # worlds this process has started: the k of their key prefix

@@ -62,8 +62,8 @@ def recover(mesh: DeviceMesh, err: BaseException, *, wait_s: float = WAIT_S,
         raise NotAMemberError(
             f"recover(): rank {world.rank} is a spare, not in the mesh of epoch {plan.epoch}. "
             f"Fix: a spare waits in mesh.grow() until its slice is filled again")
-    store = world.store
-    _elastic.recovering(store, plan.epoch, world.rank)
+    board = _elastic.board_of(world)
+    _elastic.recovering(board, plan.epoch, world.rank)
     closed = world.close_epoch(f"was closed by the recovery after a failure in epoch "
                                f"{plan.epoch}", sever=True)
     _let_go(err)  # the failed call's frames let go of its engine group; this thread keeps
@@ -72,16 +72,16 @@ def recover(mesh: DeviceMesh, err: BaseException, *, wait_s: float = WAIT_S,
     members = spec.ranks().tolist()
     limit = world.timeout.total_seconds() if timeout_s is None else timeout_s
     try:
-        lost = agree_lost(store, f"recover/e{plan.epoch}", world.rank, members, suspects,
+        lost = agree_lost(board, plan.epoch, world.rank, members, suspects,
                           wait_s=wait_s, timeout_s=limit,
                           dead=lambda: [r for r, _ in dead_on_this_host(world, 0.0)])
         names = spec.names
         shrunk = shrink(spec.shape, members, plan.dim, lost, minimum=plan.minimum,
                         dim_name=names[plan.dim] if names else None)
     except ShrinkError as failure:
-        _elastic.end(store, plan.epoch, str(failure))
+        _elastic.end(board, plan.epoch, str(failure))
         raise
-    decision = _elastic.next_of(store, plan.epoch, {
+    decision = _elastic.next_of(board, plan.epoch, {
         "epoch": plan.epoch + 1, "shape": list(shrunk.shape), "ranks": list(shrunk.ranks),
         "lost": list(shrunk.lost), "spares": list(shrunk.spares)})
     return enter(world, mesh, plan, decision)
@@ -105,20 +105,21 @@ def grow(mesh: DeviceMesh) -> DeviceMesh:
     plan = plan_of(mesh, "grow()")
     world = mesh._world
     if mesh._spec.coordinate_of(world.rank) is None:
-        decision = _elastic.await_admission(world.store, world.rank, token(), plan.epoch,
-                                            world.timeout.total_seconds())
+        decision = _elastic.await_admission(_elastic.board_of(world), world.rank, token(),
+                                            plan.epoch, world.timeout.total_seconds())
         return enter(world, mesh, plan, decision)
     n = world.spmd.next("elastic-poll")
-    grown = _elastic.poll(world.store, plan, n, set(mesh._spec.ranks().tolist()))
+    board = _elastic.board_of(world)
+    grown = _elastic.poll(board, plan, n, set(mesh._spec.ranks().tolist()))
     if grown is None:
         return mesh
-    return enter(world, mesh, plan, _elastic.next_of(world.store, plan.epoch, grown))
+    return enter(world, mesh, plan, _elastic.next_of(board, plan.epoch, grown))
 
 
 def join(world: World, like: DeviceMesh, plan: Elastic) -> DeviceMesh:
     """A restarted rank's mesh: wait until the members admit it, then enter that epoch.
     ``like`` carries the device, names and backends (a mesh of no groups, never used)."""
-    decision = _elastic.await_admission(world.store, world.rank, token(), 0,
+    decision = _elastic.await_admission(_elastic.board_of(world), world.rank, token(), 0,
                                         world.timeout.total_seconds())
     return enter(world, like, plan, decision)
 

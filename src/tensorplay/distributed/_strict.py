@@ -3,10 +3,10 @@
 Opt in with ``TENSORPLAY_STRICT=1`` or ``init_process_group(strict=True)``. Each call's
 fingerprint (the collective, the group's call number, each buffer's shape and dtype, the op,
 src or dst, and the call site in the user's code) is hashed to 8 bytes, and the members
-all-gather the hashes on the group itself before the call runs. When they differ, each
-member posts its fingerprint's words in the store (without a store, as on MPI: the members
-all-gather them on the group) and every member raises the same CallMismatchError, e.g. on
-the main job's "tp" group [0-3]::
+all-gather the hashes on the group itself before the call runs. When they differ, the members
+all-gather the fingerprints' words on the group too (slots of TEXT_BYTES; the same on every
+engine) and every member raises the same CallMismatchError, e.g. on the main job's "tp" group
+[0-3]::
 
     ranks made different calls on the 'tp' group [0-3] at its call #6:
       rank 0: all_reduce((4, 8) float64, SUM) at train.py:41
@@ -24,26 +24,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import _keys
-from ._failures import store_call
 from .errors import CallMismatchError
 from .process_group import ReduceOp
 
 if TYPE_CHECKING:
     from ._engine import GroupOps
     from .process_group import ProcessGroup
-    from .world import World
 
 _PACKAGE = str(Path(__file__).resolve().parent)
 _POINT_TO_POINT = ("send", "recv")
-TEXT_BYTES = 512  # a call's words, as all-gathered by an engine without a store
+TEXT_BYTES = 512  # a call's words, as all-gathered after a difference
 
 
 class StrictOps:
     """A group's collectives, each preceded by the members' check of its fingerprint."""
 
-    def __init__(self, inner: GroupOps, group: ProcessGroup, world: World):
-        self._inner, self._group, self._world = inner, group, world
+    def __init__(self, inner: GroupOps, group: ProcessGroup):
+        self._inner, self._group = inner, group
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         call = getattr(self._inner, name)
@@ -59,7 +56,7 @@ class StrictOps:
     def _check(self, call: str) -> None:
         import numpy as np
 
-        group, world = self._group, self._world
+        group = self._group
         n = group.calls
         text = f"{call} at {_call_site()}"
         digest = hashlib.sha256(f"{n} {call}".encode()).digest()  # the call site may differ
@@ -72,17 +69,7 @@ class StrictOps:
         for member, value in zip(group.ranks, every.tolist(), strict=True):
             by_digest.setdefault(value, []).append(member)
         firsts = [ranks[0] for ranks in by_digest.values()]
-        if world.store is None:  # an engine without a store: the texts travel on the group
-            texts = self._gather_texts(text, firsts)
-        else:
-            step = f"strict check of call #{n} on {group.label}"
-            store = world.store
-            key = world.spmd.key
-            if world.rank in firsts:
-                store_call(world, step, lambda: store.set(
-                    key(_keys.STRICT_CALL, group=group.name, n=n, rank=world.rank), text))
-            texts = [t.decode() for t in store_call(world, step, lambda: store.multi_get(
-                [key(_keys.STRICT_CALL, group=group.name, n=n, rank=r) for r in firsts]))]
+        texts = self._gather_texts(text, firsts)
         raise CallMismatchError(group.label, seq=n, calls=dict(
             zip(texts, by_digest.values(), strict=True)))
 

@@ -27,15 +27,19 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
+from . import _keys
 from .errors import ShrinkError, StaleEpochError, format_ranks
+
+if TYPE_CHECKING:
+    from ._control import Board
 
 POLL_S = 0.05
 SUSPECT_GRACE_S = 3.0  # a suspected rank (not seen dead) that is alive has this long to say so
 
 
-def agree_lost(store: Any, key: str, rank: int, members: Sequence[int],
+def agree_lost(board: Board, epoch: int, rank: int, members: Sequence[int],
                suspects: Iterable[int], *, wait_s: float = 5.0,
                timeout_s: float = 60.0,
                dead: Callable[[], Iterable[int]] = lambda: ()) -> list[int]:
@@ -50,13 +54,14 @@ def agree_lost(store: Any, key: str, rank: int, members: Sequence[int],
     members = list(members)
     start = time.monotonic()
     mine = {"suspects": sorted(set(suspects)), "dead": sorted(set(dead()))}
-    store.set(f"{key}/here/{rank}", json.dumps(mine))
+    board.post(_keys.RECOVER_HERE.format(epoch=epoch, rank=rank), json.dumps(mine))
     posted: dict[int, dict[str, list[int]]] = {}
-    verdict_key = f"{key}/verdict"
-    while not store.check([verdict_key]):
-        for m in members:
-            if m not in posted and store.check([f"{key}/here/{m}"]):
-                posted[m] = json.loads(store.get(f"{key}/here/{m}"))
+    verdict_key = _keys.RECOVER_VERDICT.format(epoch=epoch)
+    while board.peek([verdict_key])[0] is None:
+        unheard = [m for m in members if m not in posted]
+        heard = board.peek([_keys.RECOVER_HERE.format(epoch=epoch, rank=m) for m in unheard])
+        posted.update({m: json.loads(t) for m, t in zip(unheard, heard, strict=True)
+                       if t is not None})
         gone = set(dead()).union(*(p["dead"] for p in posted.values()))
         suspected = set().union(*(p["suspects"] for p in posted.values())) - gone
         waited = time.monotonic() - start
@@ -74,10 +79,10 @@ def agree_lost(store: Any, key: str, rank: int, members: Sequence[int],
             named = format_ranks(sorted(suspected)) if suspected else "none"
             verdict["why"] = (f"decided by rank {rank} after {waited:.1f} s, {rule}; seen "
                               f"dead: {seen}; suspected: {named}")
-            store.compare_set(verdict_key, "", json.dumps(verdict))
+            board.decide(verdict_key, json.dumps(verdict))
             break
         time.sleep(POLL_S)
-    verdict = json.loads(store.get(verdict_key))
+    verdict = json.loads(board.wait([verdict_key])[0])
     if "refused" in verdict:
         raise ShrinkError(
             f"only ranks {format_ranks(verdict['refused'])} of {len(members)} members came to "

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _arrays, _arrivals, _keys
-from ._failures import store_call, unless_told
-from .errors import DistributedTimeoutError, bad_argument, bad_type
+from . import _arrays
+from ._failures import unless_told
+from .errors import bad_argument, bad_type
 from .process_group import ProcessGroup, ReduceOp, Work
 from .world import current_world, resolve_group
 
@@ -157,28 +157,17 @@ def recv(tensor: Any, src: int, group: ProcessGroup | None = None) -> int:
 def barrier(group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Wait until every member of ``group`` has reached this call.
 
-    A blocking barrier that times out names the members that never came: a member whose wait
-    lasts posts its arrival in the store (``_arrivals``; a quick barrier writes nothing).
+    A blocking barrier that times out names the members that never came (the control plane's
+    ``arrivals``: on a store, a member whose wait lasts posts its arrival; a quick barrier
+    writes nothing).
     """
     pg = resolve_group(group, "barrier()")
     ops = pg.usable("barrier()")
     world = current_world("barrier()")
     pg.calls += 1
-    if async_op or world.store is None:
-        return ops.barrier(async_op)
+    if async_op:
+        return ops.barrier(True)
     n = world.spmd.next(f"barrier/{pg.name}")
-    mark = world.spmd.key(_keys.BARRIER_MARK, group=pg.name, n=n, rank=world.rank)
-    _arrivals.begin(world.store, mark)
-    try:
-        return unless_told(f"barrier() #{n} on {pg.label}", world, pg.backend,
-                           lambda: ops.barrier(False))
-    except DistributedTimeoutError as err:
-        _arrivals.settle(world.store, mark)
-        step = f"barrier() #{n} on {pg.label}"
-        keys = [world.spmd.key(_keys.BARRIER_MARK, group=pg.name, n=n, rank=r)
-                for r in pg.ranks]
-        # a store that cannot be reached names the rank that serves it (rank 0), not a timeout
-        unset = store_call(world, step, lambda: _arrivals.unset(world.store, keys))
-        raise DistributedTimeoutError(step, err.timeout_s, [pg.ranks[i] for i in unset]) from err
-    finally:
-        _arrivals.end()
+    step = f"barrier() #{n} on {pg.label}"
+    with world.control.arrivals(step, pg.name, pg.ranks, n):
+        return unless_told(step, world, pg.backend, lambda: ops.barrier(False))

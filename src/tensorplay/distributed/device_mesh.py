@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from . import _env
+from . import _elastic, _env
 from . import _mesh_args as args
 from ._consensus import agree
 from ._elastic import Elastic
@@ -679,10 +679,10 @@ def init_device_mesh(
         raise bad_argument("host_aware", host_aware, "must be True or False",
                            "pass host_aware=True to order ranks host by host")
     replicas = args.elastic(elastic, elastic_min, names, shape)
-    if replicas is not None and not world.engine.capabilities.has_store:
-        raise bad_argument("elastic", elastic, f"needs a store where the survivors agree; the "
-                           f"{world.engine.name} engine has none", "use backend 'gloo' or "
-                           "'nccl' for an elastic mesh")
+    refused = None if replicas is None else _elastic.elastic_refused(world)
+    if refused is not None:
+        raise bad_argument("elastic", elastic, refused,
+                           "use backend 'gloo' or 'nccl' for an elastic mesh")
     joining = replicas is not None and _env.rank_restart_count() > 0
     if not joining:  # a restarted rank's peers are far past this check
         agree(world, "init_device_mesh()", {

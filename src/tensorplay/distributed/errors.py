@@ -174,24 +174,45 @@ def rank_words(ranks: Iterable[int]) -> str:
     return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {format_ranks(ordered)}"
 
 
+def rank_runs(ranks: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted distinct ranks as (first, last) runs: [0, 1, 2, 3, 7] -> [(0, 3), (7, 7)]. The
+    one place rank runs are found (format_ranks words them; compact_runs packs them)."""
+    runs: list[tuple[int, int]] = []
+    for r in sorted(set(ranks)):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], r)
+        else:
+            runs.append((r, r))
+    return runs
+
+
+def _run_text(first: int, last: int) -> str:
+    return f"{first}" if first == last else f"{first}-{last}"
+
+
 def format_ranks(ranks: Iterable[int], limit: int = 16) -> str:
     """Write ranks compactly: [0, 1, 2, 3, 7] -> '0-3, 7'; long lists end with '... (N in all)'."""
-    ordered = sorted(set(ranks))
-    runs: list[str] = []
-    start = prev = None
-    for r in ordered:
-        if start is None:
-            start = prev = r
-        elif r == prev + 1:
-            prev = r
-        else:
-            runs.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = r
-    if start is not None:
-        runs.append(f"{start}" if start == prev else f"{start}-{prev}")
-    if len(runs) > limit:
-        return ", ".join(runs[:limit]) + f", ... ({len(ordered)} in all)"
-    return ", ".join(runs) if runs else "(none)"
+    runs = rank_runs(ranks)
+    words = [_run_text(first, last) for first, last in runs]
+    if len(words) > limit:
+        total = sum(last - first + 1 for first, last in runs)
+        return ", ".join(words[:limit]) + f", ... ({total} in all)"
+    return ", ".join(words) if words else "(none)"
+
+
+def compact_runs(ranks: Iterable[int]) -> str:
+    """Ranks as runs without spaces, for a store value: [0, 1, 2, 5] -> '0-2,5' (read back by
+    parse_runs)."""
+    return ",".join(_run_text(first, last) for first, last in rank_runs(ranks))
+
+
+def parse_runs(text: str) -> list[int]:
+    """The ranks of compact_runs' text: '0-2,5' -> [0, 1, 2, 5]."""
+    ranks: list[int] = []
+    for run in text.split(","):
+        first, _, last = run.partition("-")
+        ranks.extend(range(int(first), int(last or first) + 1))
+    return ranks
 
 
 def bad_argument(

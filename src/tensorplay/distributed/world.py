@@ -19,6 +19,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import _accounting, _env, _keys, _progress, backends
+from ._control_gather import GatherControl, SoloControl
+from ._control_store import StoreControl
 from ._failures import collective_error, named_failures, unless_told
 from ._layout import Layout
 from ._mesh_spec import Ranks
@@ -34,6 +36,7 @@ from .errors import (
 from .process_group import ProcessGroup, check_ranks_in_world, group_name
 
 if TYPE_CHECKING:
+    from ._control import Control
     from ._engine import Engine, Running, Store
     from ._topology import Hosts
 
@@ -65,15 +68,16 @@ class World:
     strict: bool = False  # check every collective's fingerprint across its group (_strict)
     created: int = 0  # groups this rank has helped create (not counting the world)
     default_group: ProcessGroup = field(init=False)
+    control: Control = field(init=False)  # what the ranks decide together (``_control``)
     _groups: dict[tuple, ProcessGroup] = field(default_factory=dict)
     _flattened: dict[tuple, dict[str, tuple]] = field(default_factory=dict)
     _native: dict[Any, Any] = field(default_factory=dict)  # mesh value -> engine's mesh
-    _hosts: Hosts | None = None  # rank 0 from init, the others on first use
     present: list[int] | None = None  # ranks still in an elastic job (None: all of them)
     elastic: tuple[int, ...] | None = None  # shape of the newest elastic mesh, if any
     watching: bool = False  # the elastic watcher runs (``_elastic.watch``)
 
     def __post_init__(self) -> None:
+        self.control = control_for(self)
         ranks = Ranks(layout=Layout((((self.size, 1),),)))
         self.default_group = self._register(ranks, self.backend, "world", self.world_group,
                                             "world")
@@ -125,7 +129,7 @@ class World:
             group.ops = self.engine.ops(
                 engine_group, group, lambda err, what: collective_error(self, err, what, group))
             if self.strict and not self.simulated:
-                group.ops = StrictOps(group.ops, group, self)
+                group.ops = StrictOps(group.ops, group)
         self._groups[(ranks.key(), backend)] = group
         return group
 
@@ -223,23 +227,13 @@ class World:
         return found
 
     def hosts(self) -> Hosts:
-        """The world's host map, read from the store on first use (a simulated or 1-rank
-        world is one host: this machine)."""
-        from ._topology import Hosts, hosts_from_names
-
-        if self._hosts is None:
-            if self.store is None or self.size == 1:
-                return Hosts.blocks(self.size, 1, names=[_env.hostname()])
-            self._hosts = hosts_from_names(self.store.get(_keys.HOSTS).decode().split("\n"))
-        return self._hosts
-
-    def remember_hosts(self, hosts: Hosts) -> None:
-        """Keep the host map this rank gathered (rank 0 does at init)."""
-        self._hosts = hosts
+        """The world's host map, read on first use (a simulated or 1-rank world is one host:
+        this machine)."""
+        return self.control.hosts()
 
     def known_hosts(self) -> Hosts | None:
         """The host map if this rank holds it already (rank 0 does from init), else None."""
-        return self._hosts
+        return self.control.known_hosts()
 
     def close(self) -> None:
         """Release every group and the engine: meshes may outlive the world, engine groups
@@ -252,6 +246,7 @@ class World:
         self._groups.clear()
         self._native.clear()
         self.world_group = self.store = None
+        self.control = SoloControl(self)  # drops the store's last reference: its server closes
         self.engine.destroy(self.adopted)
 
 
@@ -351,21 +346,23 @@ def _adopt(engine: Engine, found: Running, backend: object, timeout: object,
                 world_group=started.world_group, adopted=True, strict=strict), progress_s)
 
 
+def control_for(world: World) -> Control:
+    """The control plane of ``world``: over its store, over its engine's all-gather of texts
+    (MPI's control communicator), or none needed (a simulated or 1-rank world)."""
+    if world.engine.capabilities.simulated or world.size == 1:
+        return SoloControl(world)
+    if world.store is not None:
+        return StoreControl(world, world.store)
+    return GatherControl(world)
+
+
 def _join(world: World, progress_s: float) -> None:
-    """Make ``world`` this process's world and exchange host names (through its store, else
-    through the engine's all-gather)."""
+    """Make ``world`` this process's world and meet the other ranks' hosts (rank -> pid of
+    this host's ranks, which the death watch looks at)."""
     global _WORLD
     _WORLD = world
     _progress.watch(world, progress_s)
-    step = "init_process_group(): exchanging host names"
-    if world.store is not None and world.size > 1:
-        with named_failures(world, step):
-            world.host_pids = _exchange_hosts(world)
-    elif not world.simulated and world.size > 1:
-        from ._topology import hosts_from_names
-
-        with named_failures(world, step):
-            world._hosts = hosts_from_names(world.engine.allgather_text(_env.hostname(), step))
+    world.host_pids = world.control.meet_hosts("init_process_group(): exchanging host names")
     log.debug("joined world: rank %d of %d, backend %s", world.rank, world.size,
               world.backend)
 
@@ -406,36 +403,6 @@ def _canonical_args(
             "give each process a distinct rank below world_size",
         )
     return backend, init_method, rank, world_size, wait
-
-
-def _exchange_hosts(world: World) -> dict[int, int]:
-    """Return rank -> pid of the ranks on this host.
-
-    Each rank posted "<pid> <host>" as it joined (``_keys.JOINED``); rank 0 reads them all
-    with one multi_get and posts, with one multi_set, every host's rank:pid list and the list
-    of all host names. Every other rank reads only its own host's list: 1 store operation and
-    O(ranks per host) bytes per rank, O(N) in all. The full list is read later, only where
-    needed (World.hosts()); rank 0 keeps it, so it can advise on meshes at no cost. Plain
-    text, no pickles; every wait is bounded by the store's timeout.
-    """
-    from ._topology import hosts_from_names
-
-    store, here = world.store, _env.hostname()
-    if world.rank == 0:
-        entries = [v.decode().split(" ", 1) for v in
-                   store.multi_get([_keys.joined(r) for r in range(world.size)])]
-        names = [host for _, host in entries]
-        per_host: dict[str, str] = {}
-        for rank, (pid, host) in enumerate(entries):
-            per_host[host] = per_host.get(host, "") + f"{rank}:{pid};"
-        keys = [_keys.ON_HOST.format(host=h) for h in per_host] + [_keys.HOSTS]
-        store.multi_set(keys, [*per_host.values(), "\n".join(names)])
-        world.remember_hosts(hosts_from_names(names))
-        mine = per_host[here]
-    else:
-        mine = store.get(_keys.ON_HOST.format(host=here)).decode()  # waits for rank 0
-    pairs = (item.split(":") for item in mine.split(";") if item)
-    return {int(rank): int(pid) for rank, pid in pairs}
 
 
 def _from_launch(launch: _env.LaunchEnv | None, field: str, var: str) -> int:
@@ -507,12 +474,12 @@ def destroy_process_group() -> None:
     global _WORLD
     world = current_world("destroy_process_group()")
     _WORLD = None
-    if world.elastic is not None and world.store is not None:  # ranks waiting to join leave
+    if world.elastic is not None:  # ranks waiting to join leave
         from . import _elastic
 
         if world.rank in world.members():
             with suppress(RuntimeError, OSError):
-                _elastic.finish(world.store, world.spmd.epoch, world.elastic,
+                _elastic.finish(_elastic.board_of(world), world.spmd.epoch, world.elastic,
                                 list(world.members()))
     try:
         with named_failures(world, "destroy_process_group(): comparing collective call counts"):

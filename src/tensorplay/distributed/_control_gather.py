@@ -1,0 +1,115 @@
+"""The control planes that need no store (``_control`` declares the verbs).
+
+``GatherControl``: every verb over an engine's all-gather of short texts on a communicator user
+code never sees (the MPI engine's control communicator), called in step by every rank.
+``SoloControl``: a simulated world (one process plays any rank of any size) or a world of one
+rank, where nobody else can disagree.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING
+
+from . import _env
+from ._control import Tally
+from ._failures import named_failures
+from ._topology import Hosts, hosts_from_names
+
+if TYPE_CHECKING:
+    from .world import World
+
+
+# -- a world where nobody else can disagree ---------------------------------------------------
+class SoloControl:
+    """A simulated world (any rank of any size, alone in this process) or a world of one rank:
+    every tally agrees, nothing is exchanged, every rank is on this host."""
+
+    def __init__(self, world: World):
+        self._world = world
+
+    def tally(self, step: str, text: str) -> Tally:
+        return [self._world.members()]
+
+    def texts(self, step: str, text: str, ranks: Sequence[int]) -> list[str]:
+        return [text for _ in ranks]
+
+    def exchange(self, name: str, text: str, wanted: Sequence[int], wait_s: float
+                 ) -> dict[int, str]:
+        return {r: text for r in wanted}  # every rank of a simulated world says what this says
+
+    def meet_hosts(self, step: str) -> dict[int, int]:
+        return {}
+
+    def hosts(self) -> Hosts:
+        return Hosts.blocks(self._world.size, 1, names=[_env.hostname()])
+
+    def known_hosts(self) -> Hosts | None:
+        return None
+
+    def arrivals(self, step: str, name: str, ranks: Sequence[int], n: int
+                 ) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def leave(self, grace_s: float) -> None:
+        """Nobody to wait for."""
+
+
+# -- an engine's all-gather of texts (MPI's control communicator) -----------------------------
+class GatherControl:
+    """Every verb is one or two all-gathers of short texts over the whole world
+    (``engine.allgather_text``), whose waits are the engine's, bounded by the world's timeout.
+    O(world size) text per rank per call: fine for what runs once per mesh or per job."""
+
+    def __init__(self, world: World):
+        self._world = world
+        self._hosts: Hosts | None = None
+
+    def _gather(self, text: str, step: str) -> list[str]:
+        with named_failures(self._world, step):
+            return self._world.engine.allgather_text(text, step)  # type: ignore[attr-defined]
+
+    def tally(self, step: str, text: str) -> Tally:
+        members = self._world.members()
+        every = self._gather(text, step)
+        by_text: dict[str, list[int]] = {}
+        for rank in members:
+            by_text.setdefault(every[rank], []).append(rank)
+        return list(by_text.values())
+
+    def texts(self, step: str, text: str, ranks: Sequence[int]) -> list[str]:
+        every = self._gather(text if self._world.rank in ranks else "", step)
+        return [every[r] for r in ranks]
+
+    def exchange(self, name: str, text: str, wanted: Sequence[int], wait_s: float
+                 ) -> dict[int, str]:
+        every = self._gather(text, f"exchanging {name}")
+        return {r: every[r] for r in wanted}
+
+    def meet_hosts(self, step: str) -> dict[int, int]:
+        pairs = [t.split(" ", 1) for t in self._gather(_joined_mark(), step)]
+        self._hosts = hosts_from_names([host for _, host in pairs])
+        here = _env.hostname()
+        return {rank: int(pid) for rank, (pid, host) in enumerate(pairs) if host == here}
+
+    def hosts(self) -> Hosts:
+        if self._hosts is None:  # every world meets at init_process_group
+            raise RuntimeError("GatherControl.hosts(): meet_hosts() was not called")
+        return self._hosts
+
+    def known_hosts(self) -> Hosts | None:
+        return self._hosts
+
+    def arrivals(self, step: str, name: str, ranks: Sequence[int], n: int
+                 ) -> AbstractContextManager[None]:
+        return nullcontext()  # the engine's watchdog asks the members who is missing
+
+    def leave(self, grace_s: float) -> None:
+        """The engine's exit meeting waits for every rank."""
+
+
+def _joined_mark() -> str:
+    """What a rank says of itself as it joins: "<pid> <host>"."""
+    return f"{os.getpid()} {_env.hostname()}"
