@@ -97,14 +97,15 @@ def parse_tables(text: str) -> list[dict]:
 
 
 def goal_lines(text: str) -> list[str]:
-    """The goal block: from the first line starting with 'Goal:' to 'Goal met: ...'."""
+    """The goal block: from the first line starting with 'Goal:' to 'Goal met: ...' (or to
+    the first blank line, where the goal was not evaluated)."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("Goal:")), None)
     if start is None:
         return []
-    end = next((i for i in range(start, len(lines)) if lines[i].startswith("Goal met:")),
-               len(lines) - 1)
-    return lines[start:end + 1]
+    end = next((i for i in range(start, len(lines))
+                if lines[i].startswith("Goal met:") or not lines[i].strip()), len(lines))
+    return lines[start:end + (end < len(lines) and lines[end].startswith("Goal met:"))]
 
 
 class _Tee(io.TextIOBase):
