@@ -1,4 +1,10 @@
-"""Shared by the benchmark scripts: number formatting, the tree measured, paired ratios."""
+"""Shared by the benchmark scripts: number formatting, the tree measured, paired ratios, and
+the process helpers of the benchmarks that start launchers (failover.py, recovery.py).
+
+A script run as ``python bench/<script>.py`` has bench/ on its path already; importing this
+module puts the repository root (for ``tests``) and src/ (for ``tensorplay``, when the package
+is not installed) there too, and ``pythonpath()`` gives the same to the processes it starts.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,22 @@ import os
 import signal
 import statistics
 import subprocess
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Iterable, Iterator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+SRC = os.path.join(ROOT, "src")
+for _path in (ROOT, SRC):
+    if _path not in sys.path:
+        sys.path.insert(1, _path)  # after bench/ (sys.path[0] of a bench script)
+
+
+def pythonpath(env: dict[str, str] | None = None) -> str:
+    """PYTHONPATH for a process a benchmark starts: src/ and the root first, then ``env``'s."""
+    rest = (os.environ if env is None else env).get("PYTHONPATH")
+    return os.pathsep.join(filter(None, [SRC, ROOT, rest]))
 
 
 def fmt_time(seconds: float) -> str:
@@ -33,7 +52,8 @@ def fmt_bytes(n: int | None) -> str:
 
 
 def tree_state() -> str:
-    """'commit abc1234' plus a note when tensorplay/ has uncommitted changes (read-only git)."""
+    """'commit abc1234' plus a note when src/tensorplay/ has uncommitted changes (read-only
+    git)."""
     def git(*args: str) -> str:
         try:
             return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True,
@@ -42,9 +62,9 @@ def tree_state() -> str:
             return ""
 
     head = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--", "tensorplay")
+    dirty = git("status", "--porcelain", "--", "src/tensorplay")
     changed = len(dirty.splitlines())
-    return f"commit {head}" + (f" + {changed} uncommitted file(s) in tensorplay/" if changed
+    return f"commit {head}" + (f" + {changed} uncommitted file(s) in src/tensorplay/" if changed
                                else "")
 
 
@@ -91,3 +111,49 @@ def no_interrupts() -> Iterator[None]:
 def on_sigterm(signum: int, frame: object) -> None:
     """SIGTERM handler: unwind as Ctrl-C does, so every run's clean-up still runs."""
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, zombies included (they still need reaping), children before
+    grandchildren; read through tensorplay.distributed._procfs (imported here, not at the top:
+    a benchmark's timed processes import this module and must not load the package early)."""
+    from tensorplay.distributed import _procfs
+
+    found, todo = [], [pid]
+    while todo:
+        kids = _procfs.children(todo.pop(0))
+        found += kids
+        todo += kids
+    return found
+
+
+def live(pids: Iterable[int]) -> list[int]:
+    """Those of ``pids`` that are live processes (zombies are not)."""
+    from tensorplay.distributed import _procfs
+
+    return [pid for pid in pids if _procfs.alive(pid)]
+
+
+def send(pids: Iterable[int], sig: int) -> None:
+    """Send ``sig`` to each of ``pids``; one already gone is skipped."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def reap_orphans(skip: Iterable[int] = (), within_s: float = 10.0) -> None:
+    """Collect the exits of the orphans this process adopted as subreaper: every child of it
+    but ``skip`` (its own Popens, which their owners wait on), until none is left or
+    ``within_s`` has passed. The children are read again each round: a process killed with
+    its parent is adopted only once that parent is gone."""
+    from tensorplay.distributed import _procfs
+
+    skip, deadline = set(skip), time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        pending = [pid for pid in _procfs.children(os.getpid()) if pid not in skip]
+        if not pending:
+            return
+        for pid in pending:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.05)

@@ -5,9 +5,9 @@
 
 Needs root and iproute2: the two "hosts" are Linux network namespaces (tests/netns.py, host 1
 = 198.18.0.1 "hostA", host 2 = 198.18.0.2 "hostB"), each running one launcher with --nproc
-ranks of a small training loop (bench/failover_job_ours.py under tensorplay-run,
-bench/failover_job_torch.py under torchrun with its default timeouts and GLOO_SOCKET_IFNAME
-set to the host's interface, which torch needs across hosts). Once both hosts' logs show step
+ranks of a small training loop (bench/failover_job.py: ``--launcher ours`` under tensorplay-run,
+``--launcher torchrun`` under torchrun with its default timeouts and GLOO_SOCKET_IFNAME set to
+the host's interface, which torch needs across hosts). Once both hosts' logs show step
 3, one fault is injected:
 
 - rank killed: the last rank of host B SIGKILLs itself (at step 8, from the script);
@@ -28,6 +28,9 @@ still alive 2 s after the launchers had exited (left behind).
 Every case is bounded (--start-limit-s to reach step 3, --limit-s after the fault) and leaves
 nothing behind, even on Ctrl-C or an error: this process is made the child subreaper, so a rank
 orphaned by its launcher stays a descendant of this process and is killed with the rest.
+
+The tables and the goal block are printed and written to bench/results/failover.json and .md
+(--out to change it).
 """
 
 from __future__ import annotations
@@ -47,26 +50,29 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, BENCH)
-
-from _common import (  # noqa: E402
+from _common import (
+    BENCH,
     become_subreaper,
+    descendants,
     fmt_time,
+    live,
     machine,
     no_interrupts,
     on_sigterm,
+    pythonpath,
+    reap_orphans,
+    send,
     tree_state,
 )
+from _results import add_out, recorded
 
-from tests import netns  # noqa: E402
+from tensorplay.distributed import _procfs
+from tests import netns
 
 FAULTS = {"rank-killed": "rank killed", "link-cut": "link cut", "host-frozen": "host frozen",
           "store-node-killed": "store node killed"}
-LAUNCHERS = {"ours": ("tensorplay.distributed.run", "failover_job_ours.py"),
-             "torchrun": ("torch.distributed.run", "failover_job_torch.py")}
+LAUNCHERS = {"ours": "tensorplay.distributed.run", "torchrun": "torch.distributed.run"}
+JOB = os.path.join(BENCH, "failover_job.py")  # run with --launcher ours or torchrun
 PORT = "29531"
 READY_STEP = 3  # the fault comes once every host's log shows this step
 KILL_STEP = 8  # "rank killed": the step at which the rank kills itself (after READY_STEP)
@@ -129,66 +135,23 @@ class Outcome:
 
 # -- processes --------------------------------------------------------------------------------
 
-def _state(pid: int) -> str | None:
-    """The process's state letter from /proc ('R', 'S', 'T', 'Z', ...), None if it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
-
-
-def _live(pids: list[int]) -> list[int]:
-    return [pid for pid in pids if _state(pid) not in (None, "Z")]
-
-
-def _signal(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
-def _reap(pids: list[int], within_s: float = 10.0) -> None:
-    """Collect the exit of orphans this process adopted as subreaper (not of its Popens)."""
-    deadline = time.monotonic() + within_s
-    todo = list(pids)
-    while todo and time.monotonic() < deadline:
-        for pid in list(todo):
-            try:
-                if os.waitpid(pid, os.WNOHANG)[0] == 0:
-                    continue  # not dead yet
-            except ChildProcessError:
-                pass  # not our child (reaped already, or it was never adopted)
-            todo.remove(pid)
-        if todo:
-            time.sleep(POLL_S)
-
-
 # -- one case ---------------------------------------------------------------------------------
 
 def _start(hosts: netns.Hosts, launcher: str, fault: str, nproc: int, tmp: Path
            ) -> list[Launcher]:
     """One launcher per host, node 0 on host 1; stdout and stderr in separate files."""
-    module, script = LAUNCHERS[launcher]
     started = []
     for i in (1, 2):
         out, err = tmp / f"{hosts.hostname(i)}.out", tmp / f"{hosts.hostname(i)}.err"
-        env = {"PYTHONPATH": ROOT}
+        env = {"PYTHONPATH": pythonpath()}
         if launcher == "torchrun":
             env["GLOO_SOCKET_IFNAME"] = hosts.ns(i)
         if fault == "rank-killed":
             env.update(FAULT_RANK=str(2 * nproc - 1), FAULT_STEP=str(KILL_STEP),
                        FAULT_STAMP=str(tmp / "killed-at"))
-        argv = [sys.executable, "-m", module, "--nnodes", "2", "--node-rank", str(i - 1),
-                "--nproc-per-node", str(nproc), "--master-addr", hosts.address(1),
-                "--master-port", PORT, os.path.join(BENCH, script)]
+        argv = [sys.executable, "-m", LAUNCHERS[launcher], "--nnodes", "2", "--node-rank",
+                str(i - 1), "--nproc-per-node", str(nproc), "--master-addr", hosts.address(1),
+                "--master-port", PORT, JOB, "--launcher", launcher]
         # sh execs the launcher (same pid), its stderr to its own file
         wrapped = ["sh", "-c", 'exec "$@" 2>"$0"', str(err), *argv]
         proc = hosts.start(i, wrapped, out, env)
@@ -222,15 +185,15 @@ def _poll(launchers: list[Launcher]) -> None:
                 la.exited_at = now
 
 
-def _rank_pids(la: Launcher, script: str) -> list[int]:
+def _rank_pids(la: Launcher) -> list[int]:
     """The rank processes below a launcher: python processes running the job script."""
-    return [pid for pid in netns.descendants(la.proc.pid)
-            if any(script in arg for arg in _cmdline(pid))
-            and "python" in os.path.basename((_cmdline(pid) or [""])[0])]
+    argvs = {pid: _procfs.cmdline(pid) for pid in descendants(la.proc.pid)}
+    return [pid for pid, argv in argvs.items()
+            if JOB in argv and "python" in os.path.basename((argv or [""])[0])]
 
 
-def _inject(fault: str, hosts: netns.Hosts, launchers: list[Launcher], script: str,
-            tmp: Path, limit_s: float) -> tuple[float | None, str]:
+def _inject(fault: str, hosts: netns.Hosts, launchers: list[Launcher], tmp: Path,
+            limit_s: float) -> tuple[float | None, str]:
     """Inject the fault; returns when it happened (time.monotonic()) or None, and a note."""
     if fault == "rank-killed":  # the script does it at KILL_STEP and stamps the time
         stamp = tmp / "killed-at"
@@ -247,16 +210,16 @@ def _inject(fault: str, hosts: netns.Hosts, launchers: list[Launcher], script: s
         hosts.cut(2)
         return time.monotonic(), ""
     if fault == "host-frozen":
-        ranks = _rank_pids(launchers[1], script)
+        ranks = _rank_pids(launchers[1])
         if not ranks:
             return None, "no rank process found below host B's launcher"
-        _signal(ranks, signal.SIGSTOP)
+        send(ranks, signal.SIGSTOP)
         return time.monotonic(), f"{len(ranks)} ranks stopped"
     if fault == "store-node-killed":
         la = launchers[0]
         # stop the launcher first so it starts nothing new, then kill it and what is below it
-        _signal([la.proc.pid], signal.SIGSTOP)
-        _signal([la.proc.pid, *netns.descendants(la.proc.pid)], signal.SIGKILL)
+        send([la.proc.pid], signal.SIGSTOP)
+        send([la.proc.pid, *descendants(la.proc.pid)], signal.SIGKILL)
         return time.monotonic(), ""
     raise ValueError(fault)
 
@@ -312,12 +275,11 @@ def _fresh_hosts() -> Iterator[netns.Hosts]:
             # them and deletes the namespaces (closed once: a second close would signal pids
             # already reaped)
             launcher_pids = [p.pid for p in hosts.procs]
-            _signal(launcher_pids, signal.SIGKILL)
-            adopted = [pid for pid in netns.descendants(os.getpid())
-                       if pid not in launcher_pids]
-            _signal(adopted, signal.SIGKILL)
+            send(launcher_pids, signal.SIGKILL)
+            send([pid for pid in descendants(os.getpid()) if pid not in launcher_pids],
+                 signal.SIGKILL)
             hosts.__exit__(None, None, None)
-            _reap(adopted)
+            reap_orphans(skip=launcher_pids)
 
 
 def _wait_ready(launchers: list[Launcher], start_limit_s: float) -> str:
@@ -359,13 +321,12 @@ def run_case(fault: str, launcher: str, nproc: int, limit_s: float, start_limit_
             if not outcome.note:
                 for la in launchers:
                     la.err_offset = la.err.stat().st_size if la.err.exists() else 0
-                fault_at, outcome.note = _inject(fault, hosts, launchers,
-                                                 LAUNCHERS[launcher][1], tmp, limit_s)
+                fault_at, outcome.note = _inject(fault, hosts, launchers, tmp, limit_s)
                 if fault_at is not None:
                     outcome.took_s = _watch(launchers, fault_at, limit_s)
                     if outcome.took_s is not None:
                         time.sleep(LEFT_BEHIND_S)
-                        outcome.left_behind = len(_live(netns.descendants(os.getpid())))
+                        outcome.left_behind = len(live(descendants(os.getpid())))
             _poll(launchers)
             for la in launchers:  # before the clean-up kills anything
                 la.snapshot()
@@ -464,32 +425,35 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs of each case (default 1)")
     parser.add_argument("--keep-logs", type=Path, default=None,
                         help="copy each case's launcher logs into this folder")
+    add_out(parser, __file__)
     opts = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("failover: needs root, to make network namespaces (tests/netns.py)")
     become_subreaper()
     signal.signal(signal.SIGTERM, on_sigterm)
-    start = time.monotonic()
-    print(f"failover: tensorplay at {tree_state()}; {machine()}; 2 hosts x {opts.nproc} ranks; "
-          f"fault after step {READY_STEP}; cap {opts.limit_s:g} s")
-    print(f"command: {' '.join(['python', 'bench/failover.py', *sys.argv[1:]])}", flush=True)
-    results: dict[tuple[str, str], list[Outcome]] = {}
-    try:
-        for fault in opts.faults:
-            for r in range(opts.repeats):
-                order = list(LAUNCHERS) if r % 2 == 0 else list(reversed(LAUNCHERS))
-                for launcher in order:
-                    results.setdefault((fault, launcher), []).append(
-                        run_case(fault, launcher, opts.nproc, opts.limit_s,
-                                 opts.start_limit_s, opts.keep_logs))
-    except KeyboardInterrupt:
-        done = sum(len(v) for v in results.values())
-        print(f"failover: interrupted after {done} case(s); the case under way was cleaned up "
-              "(its processes killed, its namespaces deleted)", file=sys.stderr)
-        sys.exit(130)
-    report(results, opts.faults, opts.limit_s, opts.nproc)
-    goal(results, opts.faults)
-    print(f"\nwall time of this run: {time.monotonic() - start:.0f} s")
+    with recorded(__file__, opts.out):
+        start = time.monotonic()
+        print(f"failover: tensorplay at {tree_state()}; {machine()}; 2 hosts x {opts.nproc} "
+              f"ranks; fault after step {READY_STEP}; cap {opts.limit_s:g} s")
+        print(f"command: {' '.join(['python', 'bench/failover.py', *sys.argv[1:]])}",
+              flush=True)
+        results: dict[tuple[str, str], list[Outcome]] = {}
+        try:
+            for fault in opts.faults:
+                for r in range(opts.repeats):
+                    order = list(LAUNCHERS) if r % 2 == 0 else list(reversed(LAUNCHERS))
+                    for launcher in order:
+                        results.setdefault((fault, launcher), []).append(
+                            run_case(fault, launcher, opts.nproc, opts.limit_s,
+                                     opts.start_limit_s, opts.keep_logs))
+        except KeyboardInterrupt:
+            done = sum(len(v) for v in results.values())
+            print(f"failover: interrupted after {done} case(s); the case under way was cleaned "
+                  "up (its processes killed, its namespaces deleted)", file=sys.stderr)
+            sys.exit(130)
+        report(results, opts.faults, opts.limit_s, opts.nproc)
+        goal(results, opts.faults)
+        print(f"\nwall time of this run: {time.monotonic() - start:.0f} s")
 
 
 GOAL_S = 15.0  # issue "Many hosts": every fault handled within 15 s with our default settings

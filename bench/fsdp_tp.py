@@ -35,14 +35,13 @@ import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for path in (ROOT, os.path.join(ROOT, "examples")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+from _common import ROOT, fmt_time, machine, paired, tree_state
+from _results import add_out, recorded
 
-from _common import fmt_time, machine, paired, tree_state  # noqa: E402
+from tests.spawn import run
 
-from tests.spawn import run  # noqa: E402
+if os.path.join(ROOT, "examples") not in sys.path:
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 WORLD = 8
 KINDS = ("ours", "torch", "torch2")
@@ -138,7 +137,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100, help="timed rounds (default 100)")
     p.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per rank answer")
+    add_out(p, __file__)
     opts = p.parse_args()
+    with recorded(__file__, opts.out):
+        run_benchmark(opts)
+
+
+def run_benchmark(opts: argparse.Namespace) -> None:
+    """Run the benchmark; print its tables and its goal block."""
     wall = time.perf_counter()
     print(f"# FSDP2 + TP step: ours vs torch's init_device_mesh ({tree_state()}; "
           f"{machine()}; {time.strftime('%Y-%m-%d %H:%M %Z')})\n")

@@ -64,13 +64,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from _common import fmt_time, machine, paired, tree_state
+from _results import add_out, recorded
 
-from _common import fmt_time, machine, paired, tree_state  # noqa: E402
-
-from tests.spawn import free_port, run  # noqa: E402
+from tests.spawn import free_port, run
 
 WORLD = 8
 SHAPE = (2, 4)
@@ -335,7 +332,14 @@ def main() -> None:
                         help="rounds of ours, torch, torch again in the interleaved set (a2)")
     parser.add_argument("--warm", type=int, default=2, help="untimed warm-up calls per size")
     parser.add_argument("--timeout", type=float, default=150.0, help="per process set, s")
+    add_out(parser, __file__)
     opts = parser.parse_args()
+    with recorded(__file__, opts.out):
+        run_benchmark(opts)
+
+
+def run_benchmark(opts: argparse.Namespace) -> None:
+    """Run the benchmark; print its tables and its goal block."""
     wall = time.perf_counter()
     print(f"mesh_init: tensorplay at {tree_state()}; {machine()}; {WORLD} gloo ranks over "
           f"loopback; mesh {SHAPE} {NAMES}")

@@ -39,6 +39,7 @@ import time
 import tracemalloc
 
 from _common import fmt_bytes, fmt_time, machine, tree_state
+from _results import add_out, recorded
 
 SIZES = (64, 1024, 16384, 131072, 1048576)
 QUICK_MAX = 16384
@@ -383,6 +384,7 @@ def main() -> None:
                         help="skip the tracemalloc call when a timed call took longer (it is "
                              "several times slower under tracemalloc), seconds")
     parser.add_argument("--child", choices=("ours", "torch"), help=argparse.SUPPRESS)
+    add_out(parser, __file__)
     opts = parser.parse_args()
     if opts.child:
         child(opts.child, opts.families[0], opts.sizes[0], opts.repeats, opts.budget, opts.limit,
@@ -394,6 +396,12 @@ def main() -> None:
     bad = [s for s in opts.sizes if s % 64]
     if bad:
         parser.error(f"--sizes must be multiples of 64 (for the 3-D shape), got {bad}")
+    with recorded(__file__, opts.out):
+        run_benchmark(opts)
+
+
+def run_benchmark(opts: argparse.Namespace) -> None:
+    """Run the benchmark; print its tables and its goal block."""
     start = time.perf_counter()
     print(f"mesh_scale: sizes {opts.sizes}, families {opts.families}; one fresh subprocess per "
           f"cell", file=sys.stderr)

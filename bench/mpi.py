@@ -37,10 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _common import fmt_time, machine, paired, tree_state  # noqa: E402
+from _common import ROOT, fmt_time, machine, paired, pythonpath, tree_state
+from _results import add_out, recorded
 
 SIZES = (4, 1 << 20, 16 << 20)
 N = 8
@@ -65,7 +63,7 @@ END = {"raw mpi4py": "", "ours (mpi)": "dist.destroy_process_group()\n",
 def env(**extra: str) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "OMPI_", "SLURM_")) and k not in ("RANK", "WORLD_SIZE")}
-    out["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, out.get("PYTHONPATH")]))
+    out["PYTHONPATH"] = pythonpath(out)
     out["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
     out.update(extra)
     return out
@@ -218,11 +216,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--worker", choices=("mpi", "gloo"))
-    p.add_argument("--out")
+    p.add_argument("--worker-out", help=argparse.SUPPRESS)
+    add_out(p, __file__)
     a = p.parse_args()
     if a.worker:
-        worker(a.worker, a.rounds, a.out)
+        worker(a.worker, a.rounds, a.worker_out)
         return
+    with recorded(__file__, a.out):
+        run_benchmark(a)
+
+
+def run_benchmark(a: argparse.Namespace) -> None:
+    """Run the benchmark; print its tables and its goal block."""
     began = time.time()
     print(f"bench/mpi.py: {tree_state()}, {machine()}, MPICH from the environment's mpiexec "
           f"({MPIEXEC}), MPIR_CVAR_ENABLE_HEAVY_YIELD=1\n", flush=True)
@@ -232,7 +237,7 @@ def main() -> None:
         for engine, kind in (("mpi", "ours (mpi)"), ("gloo", "ours (gloo)")):
             out = os.path.join(tmp, f"{engine}.json")
             launch(kind, os.path.abspath(__file__),
-                   ["--worker", engine, "--rounds", str(a.rounds), "--out", out], {})
+                   ["--worker", engine, "--rounds", str(a.rounds), "--worker-out", out], {})
             with open(out) as f:
                 got[engine] = json.load(f)
     mpi, gloo = got["mpi"], got["gloo"]

@@ -61,6 +61,9 @@ behind, even on Ctrl-C: this process is the child subreaper, so ranks whose laun
 its descendants and are killed by pid at the end of each run; the logs, the checkpoints and
 whatever the jobs put in TMPDIR (torchrun's torchelastic_* folder, which it does not remove)
 live in a temporary folder removed at the end (--keep-logs copies the logs first).
+
+The tables and the goal block are printed and written to bench/results/recovery.json and .md
+(--out to change it).
 """
 
 from __future__ import annotations
@@ -79,19 +82,25 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, BENCH)
-
-from _common import (  # noqa: E402
+from _common import (
+    BENCH,
+    ROOT,
     become_subreaper,
+    descendants,
     fmt_time,
+    live,
     machine,
     no_interrupts,
     on_sigterm,
     paired,
+    pythonpath,
+    reap_orphans,
+    send,
     tree_state,
 )
+from _results import add_out, recorded
+
+from tensorplay.distributed import _procfs
 
 NPROC = 8
 KILL_RANK = 5
@@ -134,59 +143,6 @@ class Run:
 
 # -- processes --------------------------------------------------------------------------------
 
-def _descendants(root: int) -> list[int]:
-    """Every live process below ``root`` (from /proc; zombies left out)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if stat[0] != "Z":
-            children.setdefault(int(stat[1]), []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _signal(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
-def _reap_adopted(skip: int, within_s: float = 10.0) -> None:
-    """Collect the exits of orphans adopted as subreaper (every child but the Popen ``skip``)."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        pending = [pid for pid in _children_of_me() if pid != skip]
-        if not pending:
-            return
-        for pid in pending:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-        time.sleep(POLL_S)
-
-
-def _children_of_me() -> list[int]:
-    """Direct children of this process, zombies included (they need reaping)."""
-    me, found = os.getpid(), []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(stat[1]) == me:
-                found.append(int(entry))
-    return found
-
-
 class RankStarts:
     """The wall-clock start of every rank process below this one, read from /proc while the
     job runs (``starttime`` against /proc/uptime: ~10 ms resolution), with its RANK and
@@ -198,18 +154,18 @@ class RankStarts:
         self.tick = os.sysconf("SC_CLK_TCK")
 
     def scan(self) -> None:
-        for pid in _descendants(os.getpid()):
+        for pid in live(descendants(os.getpid())):
             if pid in self.seen:
                 continue
+            fields, env = _procfs.stat_fields(pid), _procfs.environ(pid)
+            if fields is None:
+                continue  # gone meanwhile
             try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1]
-                              .split()[19])
+                started = int(fields[19])
                 uptime = float(Path("/proc/uptime").read_text().split()[0])
             except (OSError, IndexError, ValueError):
                 continue
             now = time.time()
-            env = dict(kv.decode(errors="replace").split("=", 1) for kv in environ if b"=" in kv)
             if "RANK" not in env or "LOCAL_RANK" not in env:
                 self.seen[pid] = None  # a launcher, or a helper process
                 continue
@@ -228,7 +184,7 @@ class RankStarts:
 def _argv(side: str, a: argparse.Namespace, ckpt: Path) -> tuple[list[str], dict[str, str]]:
     job = ["--steps", str(a.steps), "--kill", f"{KILL_RANK}@{a.kill_step}",
            "--step-s", str(a.step_s)]
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    env = dict(os.environ, PYTHONPATH=pythonpath(),
                TMPDIR=str(ckpt.parent))  # torchrun makes a torchelastic_* folder and keeps it
     if side in OURS:  # "shrink" restarts nobody: its first step after the kill is on (1, 4)
         return ([sys.executable, "-m", "tensorplay.distributed.run", "--nproc-per-node",
@@ -282,18 +238,18 @@ def run_once(side: str, a: argparse.Namespace, tmp: Path, index: int) -> Run:
         run.wall_s = time.monotonic() - start
         if run.code is not None:
             time.sleep(1.0)
-            run.left_behind = len(_descendants(os.getpid()))
+            run.left_behind = len(live(descendants(os.getpid())))
     finally:
         with no_interrupts():
             if proc.poll() is None:  # the launcher stops its ranks on SIGTERM; then no mercy
-                _signal([proc.pid], signal.SIGTERM)
+                send([proc.pid], signal.SIGTERM)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(STOP_GRACE_S)
-            _signal(_descendants(os.getpid()), signal.SIGKILL)
+            send(live(descendants(os.getpid())), signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             proc.wait()
-            _reap_adopted(proc.pid)
+            reap_orphans(skip=[proc.pid])
     text = log.read_text(errors="replace")
     (_read_ours if side in OURS else _read_theirs)(run, text, a, starts)
     if run.code not in (0, None) and not run.note:
@@ -481,31 +437,34 @@ def main() -> None:
     p.add_argument("--torch-shared-store", action="store_true",
                    help="leave TORCH_DISABLE_SHARE_RDZV_TCP_STORE unset (torch's restart fails)")
     p.add_argument("--keep-logs", type=Path, default=None, help="copy the run logs here")
+    add_out(p, __file__)
     a = p.parse_args()
     if not 0 < a.kill_step < a.steps:
         p.error("--kill-step must be between 1 and --steps - 1")
     become_subreaper()
     signal.signal(signal.SIGTERM, on_sigterm)
-    began = time.monotonic()
-    print(f"recovery: tensorplay at {tree_state()}; {machine()}; "
-          f"{time.strftime('%Y-%m-%d %H:%M %Z')}")
-    print(f"command: {' '.join(['python', 'bench/recovery.py', *sys.argv[1:]])}", flush=True)
-    results: dict[str, list[Run]] = {"ours": [], "shrink": [], "torch": []}
-    tmp = Path(tempfile.mkdtemp(prefix="recovery-bench-"))
-    try:
-        for i in range(a.repeat):
-            for side in _sides(i):
-                results[side].append(run_once(side, a, tmp, i + 1))
-    except KeyboardInterrupt:
-        print("recovery: interrupted; the run under way was stopped and cleaned up",
-              file=sys.stderr)
-        sys.exit(130)
-    finally:
-        with no_interrupts():
-            shutil.rmtree(tmp, ignore_errors=True)
-    report(results, a)
-    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}; wall time of this run: "
-          f"{time.monotonic() - began:.0f} s")
+    with recorded(__file__, a.out):
+        began = time.monotonic()
+        print(f"recovery: tensorplay at {tree_state()}; {machine()}; "
+              f"{time.strftime('%Y-%m-%d %H:%M %Z')}")
+        print(f"command: {' '.join(['python', 'bench/recovery.py', *sys.argv[1:]])}",
+              flush=True)
+        results: dict[str, list[Run]] = {"ours": [], "shrink": [], "torch": []}
+        tmp = Path(tempfile.mkdtemp(prefix="recovery-bench-"))
+        try:
+            for i in range(a.repeat):
+                for side in _sides(i):
+                    results[side].append(run_once(side, a, tmp, i + 1))
+        except KeyboardInterrupt:
+            print("recovery: interrupted; the run under way was stopped and cleaned up",
+                  file=sys.stderr)
+            sys.exit(130)
+        finally:
+            with no_interrupts():
+                shutil.rmtree(tmp, ignore_errors=True)
+        report(results, a)
+        print(f"\nload average at the end: {os.getloadavg()[0]:.1f}; wall time of this run: "
+              f"{time.monotonic() - began:.0f} s")
 
 
 if __name__ == "__main__":

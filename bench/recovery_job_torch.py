@@ -4,8 +4,8 @@
         --ckpt-dir DIR --steps 16 --kill 5@4 --step-s 1.0
 
 What bench/recovery.py runs against ``tensorplay-run ... examples/train_elastic.py``: the same
-(2, 4) "dp" x "tp" MLP, the same initial weights and the same batch at every step (the
-functions below are train_elastic.py's, copied so that this process imports nothing of
+(2, 4) "dp" x "tp" MLP, the same initial weights and the same batch at every step (from
+examples/mlp_problem.py, which imports torch only, so that this process imports nothing of
 tensorplay), each step sleeping --step-s before its compute, on torch's own
 ``init_device_mesh`` and gloo. After every step each rank saves its shards and the step count
 with ``torch.save`` to DIR/rank<r>-step<k>.pt (the last two kept, written atomically); at start
@@ -33,28 +33,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 
-# examples/train_dp_tp.py's problem and examples/train_elastic.py's batches, copied
-MESH_SHAPE, MESH_NAMES = (2, 4), ("dp", "tp")
-D_IN, HIDDEN, D_OUT = 16, 32, 8
-LR, SEED = 0.5, 0
-DTYPE = torch.float64
-BATCH = 16
-
-
-def weights() -> tuple[torch.Tensor, torch.Tensor]:
-    """The initial full W1, W2 (the same on every rank: same seed)."""
-    gen = torch.Generator().manual_seed(SEED)
-    w1 = torch.randn(D_IN, HIDDEN, generator=gen, dtype=DTYPE) / D_IN**0.5
-    return w1, torch.randn(HIDDEN, D_OUT, generator=gen, dtype=DTYPE) / HIDDEN**0.5
-
-
-def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step ``step``'s full batch (inputs, targets), the same on every rank."""
-    gen = torch.Generator().manual_seed(SEED + 1 + step)
-    teacher = torch.randn(D_IN, D_OUT, generator=torch.Generator().manual_seed(SEED + 1000),
-                          dtype=DTYPE)
-    x = torch.randn(BATCH, D_IN, generator=gen, dtype=DTYPE)
-    return x, torch.tanh(x @ teacher)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "examples"))
+from mlp_problem import LR, MESH_NAMES, MESH_SHAPE, batch, weights  # noqa: E402
 
 
 def train_step(mesh, w1: torch.Tensor, w2: torch.Tensor, step: int) -> float:

@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import argparse
 import operator
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import fmt_time, machine, paired, tree_state
+from _results import add_out, recorded
 
-from _common import fmt_time, machine, paired, tree_state  # noqa: E402
-
-from tests.spawn import run  # noqa: E402
+from tests.spawn import run
 
 SIZES = (4, 1 << 20, 16 << 20)
 
@@ -63,7 +59,14 @@ def rank_main(rank: int, rounds: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30, help="samples per size and kind")
+    add_out(parser, __file__)
     opts = parser.parse_args()
+    with recorded(__file__, opts.out):
+        run_benchmark(opts)
+
+
+def run_benchmark(opts: argparse.Namespace) -> None:
+    """Run the benchmark; print its tables and its goal block."""
     print(f"strict: tensorplay at {tree_state()}; {machine()}; 2 gloo ranks over loopback")
     per_rank = run(rank_main, 2, opts.rounds, timeout=600)
     # a sample's time is the slower rank's (a collective ends when both have)

@@ -21,14 +21,14 @@ import sys
 
 import torch
 
+# the sizes, learning rate, seed and dtype (float64) of the problem, shared with
+# train_elastic.py and bench/recovery_job_torch.py
+from mlp_problem import BATCH, D_IN, D_OUT, DTYPE, HIDDEN, LR, MESH_NAMES, MESH_SHAPE, SEED
+
 import tensorplay.distributed as dist
 from tensorplay.distributed.device_mesh import init_device_mesh
 
-MESH_SHAPE, MESH_NAMES = (2, 4), ("dp", "tp")
-D_IN, HIDDEN, D_OUT = 16, 32, 8  # HIDDEN must be a multiple of the "tp" size
-BATCH = 16  # the global batch of one step, split over the "dp" rows
-LR, SEED, TOLERANCE = 0.5, 0, 1e-5
-DTYPE = torch.float64  # float64 keeps the 1e-5 check far above rounding noise
+TOLERANCE = 1e-5
 
 
 def parse_args() -> argparse.Namespace:

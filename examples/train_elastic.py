@@ -28,12 +28,12 @@ import sys
 import time
 
 import torch
-from train_dp_tp import D_IN, D_OUT, DTYPE, HIDDEN, LR, MESH_NAMES, MESH_SHAPE, SEED, backward
+from mlp_problem import LR, MESH_NAMES, MESH_SHAPE, batch, weights
+from train_dp_tp import backward
 
 import tensorplay.distributed as dist
 from tensorplay.distributed import init_device_mesh, sync_replicas
 
-BATCH = 16  # the global batch of every step, split over the "dp" rows of the mesh it runs on
 TOLERANCE = 1e-6
 FAILURES = (dist.RankFailedError, dist.DistributedTimeoutError)
 
@@ -69,22 +69,6 @@ def parse_args() -> argparse.Namespace:
     if a.steps < 1:
         p.error(f"--steps must be at least 1, got {a.steps}")
     return a
-
-
-def weights() -> tuple[torch.Tensor, torch.Tensor]:
-    """The initial full W1, W2 (the same on every rank: same seed)."""
-    gen = torch.Generator().manual_seed(SEED)
-    w1 = torch.randn(D_IN, HIDDEN, generator=gen, dtype=DTYPE) / D_IN**0.5
-    return w1, torch.randn(HIDDEN, D_OUT, generator=gen, dtype=DTYPE) / HIDDEN**0.5
-
-
-def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step ``step``'s full batch (inputs, targets), the same on every rank and in any mesh."""
-    gen = torch.Generator().manual_seed(SEED + 1 + step)
-    teacher = torch.randn(D_IN, D_OUT, generator=torch.Generator().manual_seed(SEED + 1000),
-                          dtype=DTYPE)
-    x = torch.randn(BATCH, D_IN, generator=gen, dtype=DTYPE)
-    return x, torch.tanh(x @ teacher)
 
 
 def train_step(mesh, w1, w2, step: int) -> float:
