@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from .nodes import Verdict
 from .rank_ends import RankReport
 
-__all__ = ["Beat", "Event", "Events", "Exit", "RankEvent", "Report", "Signal", "Verdict",
-           "from_report_line"]
+__all__ = ["Beat", "Event", "Events", "Exit", "Report", "Signal", "Verdict", "from_report_line"]
 
 
 @dataclass(frozen=True)
@@ -66,8 +65,7 @@ class Signal:
 
 
 Event = Exit | Report | Beat | Signal | Verdict
-RankEvent = Exit | Report | Beat  # what a rank's own threads put
-Events = queue.SimpleQueue  # of Event: SimpleQueue is reentrant, so signal handlers may put
+Events = queue.SimpleQueue[Event]  # reentrant: the launcher's signal handlers may put too
 
 
 def from_report_line(rank: int, raw: bytes) -> Report | Beat:

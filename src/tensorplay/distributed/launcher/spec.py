@@ -8,7 +8,8 @@ it tells its ranks a verdict (``verdict_file``). The spec is frozen: no step of 
 changes it. Worked example::
 
     >>> spec = parse_args(["--nproc-per-node", "4", "--nnodes", "2", "--node-rank", "1",
-    ...                    "--master-addr", "10.0.0.1", "--master-port", "29500", "train.py"])
+    ...                    "--master-addr", "10.0.0.1", "--master-port", "29500",
+    ...                    "-m", "mypkg.train", "--lr", "0.1"])
     >>> spec.world_size, list(spec.local_ranks), spec.global_rank(1)
     (8, [4, 5, 6, 7], 5)
     >>> spec.rank_env(1)["RANK"], spec.rank_env(1)["MASTER_ADDR"]
