@@ -145,3 +145,14 @@ def test_plan_imports_only_the_standard_library_and_numpy():
     outside |= {node.module.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, ast.ImportFrom) and not node.level}
     assert outside - set(sys.stdlib_module_names) - {"numpy", "__future__"} == set()
+
+
+def test_the_launcher_reaches_an_engine_only_through_its_store():
+    """The launcher loads torch only to serve the job's store: launcher.store is its one
+    module that imports an engine module (backends.torch_store, inside its functions)."""
+    graph = import_graph()
+    launcher = {m for m in graph if m.startswith(f"{PACKAGE}.launcher")}
+    engines = {m for m in graph if m.startswith(f"{PACKAGE}.backends.")}
+    reach = {_short(m): sorted(_short(t) for t in graph[m] & engines) for m in launcher}
+    assert {m: t for m, t in reach.items() if t} == {"launcher.store": ["backends.torch_store"]}
+    assert graph[f"{PACKAGE}.launcher.rank_main"] == set()  # loaded by path in each rank

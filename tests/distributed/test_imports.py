@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "tensorplay" / "distributed"
+LAUNCHER = ["launcher/__init__", "launcher/options", "launcher/spec", "launcher/events",
+            "launcher/output", "launcher/procs", "launcher/job", "launcher/hangs",
+            "launcher/nodes", "launcher/store", "launcher/main", "launcher/rank_main",
+            "launcher/rank_ends"]
 PURE = ["_layout", "_mesh_spec", "_mesh_args", "_env", "errors", "run", "_topology",
-        "_describe", "_plot", "plan", "_keys", "_arrays", "_engine", "_rank_main",
-        "_rank_ends"]
+        "_describe", "_plot", "plan", "_keys", "_arrays", "_engine", *LAUNCHER]
 ENGINES = {"torch", "mpi4py"}
 
 
@@ -105,8 +108,17 @@ def test_backends_never_import_the_mesh():
         assert not any("device_mesh" in name for name in imported), path.name
 
 
+def test_the_rank_wrapper_imports_nothing_of_the_package():
+    """rank_main is loaded by path in every rank: no package import, so a rank starts fast."""
+    tree = ast.parse((PACKAGE / "launcher" / "rank_main.py").read_text())
+    relative = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]
+    assert relative == []
+    assert "tensorplay" not in _all_imports(PACKAGE / "launcher" / "rank_main.py")
+
+
 def test_launcher_and_package_load_without_any_engine():
     code = ("import sys, tensorplay.distributed, tensorplay.distributed.run;"
+            "import tensorplay.distributed.launcher.main;"
             "import tensorplay.distributed.device_mesh;"
             "print(sorted(m for m in ('torch', 'mpi4py') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

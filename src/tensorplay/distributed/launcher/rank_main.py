@@ -240,7 +240,7 @@ def _run_file(path: str) -> None:
         raise SystemExit(2) from None
     main = sys.modules["__main__"]  # the loader bound no name in it
     main.__file__ = filename
-    main.__cached__ = None
+    main.__cached__ = None  # type: ignore[attr-defined]
     main.__loader__ = SourceFileLoader("__main__", filename)
     exec(compile(source, filename, "exec", dont_inherit=True), vars(main))
 
@@ -278,7 +278,7 @@ def main() -> None:
 
             sys.argv = ["-m", *args]  # _run_module_as_main sets argv[0] to the module's file
             _set_path0(os.getcwd())
-            runpy._run_module_as_main(target, alter_argv=True)
+            runpy._run_module_as_main(target, alter_argv=True)  # type: ignore[attr-defined]
         else:
             sys.argv = [target, *args]
             _set_path0(os.path.dirname(os.path.realpath(target)))

@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-from tensorplay.distributed._rank_ends import RankEnd, blank_varying, shorten, summarize
+from tensorplay.distributed.launcher.rank_ends import (
+    RankEnd,
+    RankReport,
+    blank_varying,
+    shorten,
+    summarize,
+)
 
 
-def raised(t: float, what: str, code: int = 1) -> dict:
-    return {"event": "raised", "t": t, "code": code, "what": what, "first": "Traceback ..."}
+def raised(t: float, what: str, code: int = 1) -> RankReport:
+    return RankReport.from_json({"event": "raised", "t": t, "code": code, "what": what,
+                                 "first": "Traceback ..."})
 
 
-def exited(t: float, code: int, what: str | None = None) -> dict:
-    return {"event": "exit", "t": t, "code": code, "what": what}
+def exited(t: float, code: int, what: str | None = None) -> RankReport:
+    return RankReport.from_json({"event": "exit", "t": t, "code": code, "what": what})
 
 
-def returned(t: float) -> dict:
-    return {"event": "returned", "t": t}
+def returned(t: float) -> RankReport:
+    return RankReport.from_json({"event": "returned", "t": t})
 
 
 def end(rank, report=None, code=None, exit_t=None, stop_t=None) -> RankEnd:
@@ -104,10 +111,18 @@ def test_shorten_drops_the_fix_and_cuts_at_a_word():
 def test_a_rank_failed_error_is_the_cause_only_when_nothing_else_failed():
     # rank 5's SIGKILL was seen after rank 4 reported the RankFailedError it caused
     killed = RankEnd(5, None, -9, exit_t=10.3)
-    told = RankEnd(4, {"event": "raised", "t": 10.1, "code": 1,
-                       "what": "RankFailedError: all_reduce() failed: rank 5 died"}, 1, 10.2)
+    told = RankEnd(4, RankReport("raised", 10.1, 1,
+                                 "RankFailedError: all_reduce() failed: rank 5 died"), 1, 10.2)
     text, code = summarize([told, killed])
     assert text == ("rank 5 failed first (killed by signal SIGKILL); then rank 4 failed too.")
     assert code == 137
     text, _ = summarize([told, RankEnd(6, None, 0, exit_t=11.0)])  # only a consequence
     assert text.startswith("rank 4 failed first (exit code 1): RankFailedError: ")
+
+
+def test_a_report_is_read_from_its_json_and_a_bad_one_refused():
+    assert RankReport.from_json({"event": "exit", "t": 2, "code": 3, "what": None}) == (
+        RankReport("exit", 2.0, 3, None, None))
+    assert not RankReport.from_json({"event": "returned", "t": 1.5}).failed
+    with pytest.raises(ValueError, match="not a rank report"):
+        RankReport.from_json({"event": "returned"})

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tensorplay.distributed import _hangs, _procfs
+from tensorplay.distributed import _procfs
+from tensorplay.distributed.launcher import hangs as _hangs
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
+PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT)])  # this tree, not an installed one
 LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
 
 
@@ -40,7 +42,7 @@ def test_the_beat_counts_the_collectives_made_in_the_current_world():
     import numpy as np
 
     import tensorplay.distributed as dist
-    from tensorplay.distributed import _rank_main
+    from tensorplay.distributed.launcher import rank_main as _rank_main
 
     assert _rank_main._collectives_made() == 0  # no world
     dist.init_process_group("fake", rank=0, world_size=2)
@@ -55,13 +57,13 @@ def test_the_beat_counts_the_collectives_made_in_the_current_world():
 def test_beats_name_a_main_thread_that_does_not_move_or_a_rank_that_gives_no_sign():
     watch = _hangs.HangWatch(stopped_s=10.0, hang_s=5.0)
     pid = os.getpid()  # running, not stopped
-    watch.beat(3, {"event": "beat", "still": 1.0, "where": "job.py:7 in <module>"})
+    watch.beat(3, still=1.0, where="job.py:7 in <module>")
     now = time.monotonic()
     assert watch.hung({3: pid}, now=now + 1.0) == {}
     assert watch.hung({3: pid}, now=now + 4.5) == {
         3: "its main thread has not moved for 5.5 s at job.py:7 in <module> (limit 5 s, "
            "--hang-timeout-s)"}
-    watch.beat(3, {"event": "beat", "still": 0.0, "where": "job.py:9 in step"})
+    watch.beat(3, still=0.0, where="job.py:9 in step")
     assert watch.hung({3: pid}, now=time.monotonic() + 1.0) == {}
     assert watch.hung({3: pid}, now=time.monotonic() + 6.0) == {
         3: "it gave no sign of life for 6.0 s"}
@@ -74,7 +76,7 @@ def _launch(tmp: Path, body: str, *flags: str) -> tuple[subprocess.CompletedProc
     start = time.monotonic()
     res = subprocess.run([*LAUNCHER, "--nproc-per-node", "2", *flags, str(script)],
                          capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+                         env={**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"})
     return res, time.monotonic() - start
 
 

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tensorplay.distributed import _nodes
+from tensorplay.distributed.launcher import nodes as _nodes
 from tests.spawn import free_port
 
 LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
+PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT)])  # this tree, not an installed one
 
 
 class Nodes:
@@ -39,7 +40,7 @@ class Nodes:
                  "--master-addr", "127.0.0.1", "--master-port", self.port, *self.flags, *extra,
                  str(script)],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+                env={**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1",
                      **(env or {})})
         self.procs.append(proc)
         self.logs.append(log)
@@ -207,7 +208,7 @@ def test_the_launcher_serves_the_store_so_it_outlives_rank_0(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text(PLAIN_TORCH)
     res = subprocess.run([*LAUNCHER, "--nproc-per-node", "2", str(script)], capture_output=True,
-                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": PYTHONPATH})
     assert res.returncode == 0, res.stderr
     assert "[rank 1] store still served: rank 0 left" in res.stdout
 

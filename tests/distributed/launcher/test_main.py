@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tensorplay.distributed.run import child_env, main, parse_args, parse_rank_list, untag
+from tensorplay.distributed._procfs import alive
+from tensorplay.distributed.launcher.main import main
+from tensorplay.distributed.launcher.spec import parse_args
 
 LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
 PRELUDE = """\
@@ -47,21 +49,6 @@ def socket_free_port() -> int:
         return sock.getsockname()[1]
 
 
-def alive(pid: int) -> bool:
-    """True while pid is a live (not zombie) process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def assert_all_gone(pids: list[int], within_s: float = 3.0) -> None:
     """Every pid must have exited (within a short settling time)."""
     deadline = time.monotonic() + within_s
@@ -77,45 +64,6 @@ def read_pids(tmp_path: Path, count: int, tag: str = "pid", within_s: float = 15
         assert time.monotonic() < deadline, f"only {len(files)} of {count} {tag} files appeared"
         time.sleep(0.05)
     return [int(f.read_text()) for f in files]
-
-
-# ----------------------------------------------------------------------------- pure functions
-
-
-def test_child_env_sets_torchrun_variables_and_keeps_base():
-    env = child_env({"PATH": "/bin", "RANK": "99"}, rank=5, local_rank=1, world_size=8,
-                    local_world_size=4, node_rank=1, master_addr="10.0.0.1", master_port=29500)
-    assert env["PATH"] == "/bin"
-    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")} == {
-        "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}
-    assert (env["GROUP_RANK"], env["NODE_RANK"]) == ("1", "1")
-    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29500")
-    assert env["PYTHONUNBUFFERED"] == "1" and env["TENSORPLAY_LAUNCHER"] == "tensorplay-run"
-    assert all(isinstance(v, str) for v in env.values())
-
-
-def test_child_env_sets_one_omp_thread_per_rank_unless_the_user_chose():
-    def omp(base: dict, local_world_size: int) -> str | None:
-        return child_env(base, rank=0, local_rank=0, world_size=8, node_rank=0,
-                         local_world_size=local_world_size, master_addr="h",
-                         master_port=1).get("OMP_NUM_THREADS")
-
-    assert omp({}, 4) == "1"  # as torchrun does
-    assert omp({"OMP_NUM_THREADS": "3"}, 4) == "3"
-    assert omp({}, 1) is None  # one rank per node: nothing to share
-
-
-def test_untag_drops_torchs_rank_tag_of_the_same_rank_only():
-    assert untag(2, b"[rank2]: Traceback (most recent call last):\n") == (
-        b"Traceback (most recent call last):\n")
-    assert untag(2, b"[rank2]:[W1203 06:00:00] warning\n") == b"[W1203 06:00:00] warning\n"
-    assert untag(2, b"[rank3]: not mine\n") == b"[rank3]: not mine\n"
-    assert untag(2, b"plain\n") == b"plain\n"
-
-
-def test_parse_rank_list_accepts_lists_and_ranges():
-    assert parse_rank_list("0,3", 4) == {0, 3}
-    assert parse_rank_list("0-2, 5", 8) == {0, 1, 2, 5}
 
 
 # ----------------------------------------------------------------------------- environment

@@ -5,7 +5,7 @@ Two signs, each judged by the launcher of the rank's node (pure standard library
 - **stopped**: the process is in state T (SIGSTOP, SIGTSTP) in ``/proc/<pid>/stat``. Nothing
   in a healthy job stops a rank (a debugger's stop is state t, not T), so a rank stopped for
   longer than ``stopped_s`` (--node-grace-s, 10 s) is hung. On by default on Linux;
-- **not moving** (only with --hang-timeout-s H): each rank's ``_rank_main`` sends a beat over
+- **not moving** (only with --hang-timeout-s H): each rank's ``rank_main`` sends a beat over
   its report pipe once a second, saying for how long its main thread has been at the same
   place (same frame, same bytecode offset, no collective made: a frame's id may be reused by
   the next call at the same place, so the count of collectives is part of the place). A rank
@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from ._procfs import stopped
+from .._procfs import stopped
 
 
 class HangWatch:
@@ -36,11 +36,10 @@ class HangWatch:
         self.beats: dict[int, tuple[float, float, str]] = {}  # rank -> (when, still_s, where)
         self.started = time.monotonic()
 
-    def beat(self, rank: int, record: Mapping[str, object]) -> None:
-        """A beat from the rank's report pipe: ``{"event": "beat", "still": s, "where": ...}``."""
-        still = record.get("still", 0.0)
-        self.beats[rank] = (time.monotonic(), float(still) if isinstance(still, (int, float))
-                            else 0.0, str(record.get("where", "")))
+    def beat(self, rank: int, still: float, where: str) -> None:
+        """A beat from the rank's report pipe: its main thread has been ``still`` seconds at
+        ``where`` (an ``events.Beat``)."""
+        self.beats[rank] = (time.monotonic(), still, where)
 
     def hung(self, pids: Mapping[int, int], now: float | None = None) -> dict[int, str]:
         """The ranks (of ``pids``: rank -> pid, the running ones) that are hung, and why."""

@@ -1,7 +1,8 @@
 """How the ranks of a job ended, and the one summary line the launcher prints about it (pure).
 
-The launcher knows three things per rank: the report of ``_rank_main`` (how the script ended,
-and when), the exit status, and whether the launcher itself stopped it. From them each rank is
+The launcher knows three things per rank: the report of ``rank_main`` (a ``RankReport``: how
+the script ended, and when), the exit status, and whether the launcher itself stopped it. From
+them each rank is
 
 - ``failed``: its script raised or called ``sys.exit(n != 0)``, or it died while its script
   ran (no report, a non-zero status, not stopped by us); it failed at the report's time, or at
@@ -28,9 +29,10 @@ from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tensorplay.distributed.errors import format_ranks
+from ..errors import rank_words
 
 _VARYING = [  # what differs between ranks that failed alike: blanked before comparing
     (re.compile(r"\bpid \d+"), "pid N"),
@@ -59,7 +61,7 @@ def shorten(what: str) -> str:
     return what
 
 
-def describe(code: int) -> str:
+def describe_code(code: int) -> str:
     """Word a Popen return code: 'exit code 1' or 'killed by signal SIGKILL'."""
     if code >= 0:
         return f"exit code {code}"
@@ -74,37 +76,78 @@ def exit_status(code: int) -> int:
     return code if code >= 0 else 128 - code
 
 
-def ranks_phrase(ranks: list[int]) -> str:
-    """'rank 3' or 'ranks 0-2, 5'."""
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+@dataclass(frozen=True)
+class RankReport:
+    """How a rank's script ended, as ``rank_main`` reported it (or the launcher, for a hang).
+
+    ``event``: "returned", "exit" (sys.exit), "raised", or "hung" (the launcher killed it);
+    ``t``: time.monotonic() when it was said; ``code``: the status its script chose (1 for an
+    exception); ``what``: "ValueError: bad lr" or a sys.exit message; ``first``: the first line
+    of the traceback about to be printed. Worked example::
+
+        >>> RankReport.from_json({"event": "exit", "t": 12.3, "code": 3, "what": None})
+        RankReport(event='exit', t=12.3, code=3, what=None, first=None)
+        >>> RankReport("returned", 12.3).failed
+        False
+    """
+
+    event: str
+    t: float
+    code: int = 1
+    what: str | None = None
+    first: str | None = None
+
+    @staticmethod
+    def from_json(record: Mapping[str, object]) -> RankReport:
+        """The report from its JSON object (ValueError when it is not one)."""
+        event, t, code = record.get("event"), record.get("t"), record.get("code", 1)
+        what, first = record.get("what"), record.get("first")
+        if not isinstance(event, str) or not isinstance(t, (int, float)) or isinstance(t, bool):
+            raise ValueError(f"not a rank report: {record!r}")
+        return RankReport(event, float(t), code if isinstance(code, int) else 1,
+                          what if isinstance(what, str) else None,
+                          first if isinstance(first, str) else None)
+
+    @property
+    def failed(self) -> bool:
+        """Whether the script did not return (it raised, exited non-zero, or hung)."""
+        return self.event != "returned"
 
 
 @dataclass
 class RankEnd:
     """What the launcher saw of one rank; filled in as events arrive.
 
-    ``report`` is the JSON object ``_rank_main`` sent (``event``: returned / exit / raised; ``t``:
-    time.monotonic(); ``code``; ``what``); ``code`` the Popen return code; ``exit_t`` when the
-    launcher saw the exit; ``stop_t`` when the launcher signalled it, if it was still running.
+    ``report`` is how its script ended (the first ``RankReport``); ``code`` the Popen return
+    code; ``exit_t`` when the launcher saw the exit; ``stop_t`` when the launcher signalled it,
+    if it was still running. Worked example: a rank that raised, then exited 1::
+
+        >>> end = RankEnd(1, RankReport("raised", 4.0, 1, "ValueError: bad lr"), 1, 4.2)
+        >>> end.kind(), end.fate(), end.error()
+        ('failed', 'exit code 1', 'ValueError: bad lr')
     """
 
     rank: int
-    report: dict | None = None
+    report: RankReport | None = None
     code: int | None = None
     exit_t: float | None = None
     stop_t: float | None = None
 
-    def word(self) -> dict | None:
+    def report_in_time(self) -> RankReport | None:
         """The report, if the rank made it before the launcher stopped it."""
         rep = self.report
-        if rep is None or (self.stop_t is not None and rep["t"] > self.stop_t):
+        if rep is None or (self.stop_t is not None and rep.t > self.stop_t):
             return None
         return rep
 
+    def failing(self) -> bool:
+        """Whether its script failed (any report but "returned") or its process ended badly."""
+        return bool(self.code) or (self.report is not None and self.report.failed)
+
     def kind(self) -> str:
         """'failed', 'after', 'stopped' or 'ok' (see the module docstring)."""
-        rep = self.word()
-        if rep is not None and rep["event"] != "returned":
+        rep = self.report_in_time()
+        if rep is not None and rep.failed:
             return "failed"
         if rep is not None:
             return "after" if self.stop_t is not None or self.code else "ok"
@@ -112,52 +155,52 @@ class RankEnd:
             return "stopped"
         return "failed" if self.code else "ok"
 
-    def when(self) -> float:
+    def failed_at(self) -> float:
         """When it failed: its report, else its exit as the launcher saw it."""
-        rep = self.word()
-        return rep["t"] if rep is not None else (self.exit_t or 0.0)
+        rep = self.report_in_time()
+        return rep.t if rep is not None else (self.exit_t or 0.0)
 
-    def status(self) -> int:
+    def exit_code(self) -> int:
         """Its Popen code; for a rank stopped while exiting, the code its script chose."""
-        rep = self.word()
-        if self.stop_t is not None and rep is not None and rep["event"] != "returned":
-            return int(rep.get("code", 1))
+        rep = self.report_in_time()
+        if self.stop_t is not None and rep is not None and rep.failed:
+            return rep.code
         return self.code or 0
 
     def fate(self) -> str:
         """'exit code 1', 'killed by signal SIGKILL', or 'stopped while exiting' (it had failed
         and was still exiting when the launcher stopped it)."""
-        rep = self.word()
-        if self.stop_t is not None and rep is not None and rep["event"] != "returned":
+        rep = self.report_in_time()
+        if self.stop_t is not None and rep is not None and rep.failed:
             return "stopped while exiting"
-        return describe(self.status())
+        return describe_code(self.exit_code())
 
-    def what(self) -> str | None:
+    def error(self) -> str | None:
         """'ValueError: bad lr' (or a sys.exit message); None when there is none."""
-        rep = self.word()
-        return rep.get("what") if rep is not None else None
+        rep = self.report_in_time()
+        return rep.what if rep is not None else None
 
-    def chosen(self) -> int:
+    def chosen_code(self) -> int:
         """The code its script chose (1 for an exception), else its Popen code."""
-        rep = self.word()
-        return int(rep.get("code", 1)) if rep is not None else self.status()
+        rep = self.report_in_time()
+        return rep.code if rep is not None else self.exit_code()
 
-    def consequence(self) -> bool:
+    def is_consequence(self) -> bool:
         """Whether it failed because a peer died (our RankFailedError): another rank's
         failure caused it."""
-        what = self.what()
-        return bool(what) and what.startswith("RankFailedError")
+        what = self.error()
+        return what is not None and what.startswith("RankFailedError")
 
     def alike_key(self) -> tuple[str | None, int]:
         """Equal for ranks that failed the same way."""
-        what = self.what()
-        return (blank_varying(what) if what else None, self.chosen())
+        what = self.error()
+        return (blank_varying(what) if what else None, self.chosen_code())
 
     def exit_fate(self) -> str:
         """'died at exit (killed by signal SIGABRT)', or 'did not exit (stopped)'."""
         if self.stop_t is not None:
             return "did not exit (stopped)"
-        return f"died at exit ({describe(self.code or 0)})"
+        return f"died at exit ({describe_code(self.code or 0)})"
 
 
 def _their(ranks: list[int]) -> str:
@@ -169,27 +212,27 @@ def first_failure(failed: list[RankEnd]) -> RankEnd:
     peer died) only when nothing else failed, since it is a consequence. The launcher sees a
     SIGKILLed rank's exit when its waiter thread runs, which can be after a peer reported the
     RankFailedError that the death caused."""
-    return min(failed, key=lambda e: (e.consequence(), e.when(), e.rank))
+    return min(failed, key=lambda e: (e.is_consequence(), e.failed_at(), e.rank))
 
 
 def _cause(failed: list[RankEnd], n_ranks: int, node_ranks: str) -> tuple[list[str], int]:
     """The clauses about failed scripts: the first (with those that failed alike), the rest."""
     first = first_failure(failed)
     alike = [e.rank for e in failed if e.alike_key() == first.alike_key()]
-    what = first.what()
+    what = first.error()
     # a group is worded by the code its scripts chose: some may have been stopped while exiting
-    fate = first.fate() if len(alike) == 1 else describe(first.chosen())
+    fate = first.fate() if len(alike) == 1 else describe_code(first.chosen_code())
     said = f" ({fate})" + (f": {shorten(what)}" if what else "")
     if len(alike) == n_ranks > 1:
         parts = [f"all {n_ranks} {node_ranks} failed alike{said}"]
     elif len(alike) > 1:
-        parts = [f"{ranks_phrase(alike)} failed first, alike{said}"]
+        parts = [f"{rank_words(alike)} failed first, alike{said}"]
     else:
         parts = [f"rank {first.rank} failed first{said}"]
     others = [e.rank for e in failed if e.rank not in alike]
     if others:
-        parts.append(f"then {ranks_phrase(others)} failed too")
-    return parts, exit_status(first.status())
+        parts.append(f"then {rank_words(others)} failed too")
+    return parts, exit_status(first.exit_code())
 
 
 def summarize(ends: list[RankEnd], *, node_ranks: str = "ranks") -> tuple[str, int]:
@@ -212,11 +255,11 @@ def summarize(ends: list[RankEnd], *, node_ranks: str = "ranks") -> tuple[str, i
     for end in after:
         fates.setdefault(end.exit_fate(), []).append(end.rank)
     for fate, ranks in fates.items():
-        parts.append(f"{ranks_phrase(ranks)} finished {_their(ranks)} script, then {fate}")
+        parts.append(f"{rank_words(ranks)} finished {_their(ranks)} script, then {fate}")
     if stopped:
         ranks = [e.rank for e in stopped]
-        parts.append(f"stopped {ranks_phrase(ranks)}" if failed else
-                     f"{ranks_phrase(ranks)} had not finished {_their(ranks)} script (stopped)")
+        parts.append(f"stopped {rank_words(ranks)}" if failed else
+                     f"{rank_words(ranks)} had not finished {_their(ranks)} script (stopped)")
     if len(parts) == 1 and failed and not parts[0].startswith("all ") and len(ends) > 1:
         parts.append("no other rank was still running")
     if not parts:

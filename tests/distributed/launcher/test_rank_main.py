@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorplay.distributed import _rank_main
+from tensorplay.distributed.launcher import rank_main as _rank_main
 
 PROBE = '''\
 """a probe"""

@@ -41,11 +41,12 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
-from . import _netif
-from .errors import format_ranks
+from .. import _netif
+from ..errors import format_ranks
+from . import store
+from .store import LauncherStore
 
 PREFIX = "tensorplay-run/"
 BEAT_S = 1.0  # how often a launcher beats and looks at the others
@@ -102,8 +103,9 @@ class Board:
         self.nnodes, self.index, self.nproc = nnodes, node_rank, nproc
         self.host, self.addr, self.port = host, addr, port
         self.grace_s, self.join_timeout_s = grace_s, join_timeout_s
-        self.server: Any = None  # node 0: the store's server (lives as long as the launcher)
-        self.client: Any = None  # the main thread's client
+        self.server: LauncherStore | None = None  # node 0: the store's server (lives as long
+        # as the launcher)
+        self.client: Any = None  # the main thread's client (a LauncherStore once joined)
         self.nodes: dict[int, Node] = {}
         self.verdict: Verdict | None = None
         self._stop = threading.Event()
@@ -113,10 +115,8 @@ class Board:
 
     # ---------------------------------------------------------------- store
 
-    def _connect(self, timeout_s: float) -> Any:
-        from .backends import torch_store
-
-        return torch_store.connect(self.addr, self.port, timedelta(seconds=timeout_s))
+    def _connect(self, timeout_s: float) -> LauncherStore:
+        return store.connect(self.addr, self.port, timeout_s)
 
     def bind(self) -> socket.socket:
         """Node 0: the socket the job's store will be served on (JoinError when it cannot)."""
@@ -130,11 +130,9 @@ class Board:
 
     def serve(self, listener: socket.socket | None = None) -> None:
         """Node 0: serve the job's store on ``listener`` (default: bind one now)."""
-        from .backends import torch_store
-
         listener = listener or self.bind()
-        self.server = torch_store.serve(listener, self.addr, self.port,
-                                        timedelta(seconds=max(self.join_timeout_s, 60.0)))
+        self.server = store.serve(listener, self.addr, self.port,
+                                  max(self.join_timeout_s, 60.0))
 
     def serve_when_asked(self) -> None:
         """One node: bind now, but load torch and serve only once a rank connects (a script
@@ -142,8 +140,8 @@ class Board:
         connection waits in the socket's backlog meanwhile. ``stop_asking()`` ends the wait."""
         listener = self.bind()
         try:
-            ready = select.select([listener, self._wake[0]], [], [])[0]
-            if listener in ready:
+            ready = select.select([listener.fileno(), self._wake[0]], [], [])[0]
+            if listener.fileno() in ready:
                 self.serve(listener)
                 return
         except OSError:  # interrupted, or the wake pipe closed: no store was asked for
@@ -264,9 +262,9 @@ class Board:
         """Post a verdict unless one was posted before; return the one that stands (ours when
         the store cannot be reached)."""
         mine = Verdict(kind, self.index, text, lost)
-        store = client or self.client
+        target = client or self.client
         try:
-            won = _bounded(lambda: store.compare_set(self._key("verdict"), "", mine.dumps()),
+            won = _bounded(lambda: target.compare_set(self._key("verdict"), "", mine.dumps()),
                            CALL_S)
             self.verdict = Verdict.loads(won)
         except Exception:  # noqa: BLE001 - the store is gone; this launcher's word stands

@@ -1,0 +1,19 @@
+"""The launcher ``tensorplay-run``: starts and supervises this node's ranks of one job.
+
+One module, one job (docs/architecture.md has the table):
+
+- ``options``: the command line's flags and checks; ``spec``: the frozen ``LaunchSpec`` built
+  once from them, and each rank's environment (``child_env``);
+- ``events``: the typed events the supervising thread takes off one queue;
+- ``output``: the ranks' output (labelled, filtered, logged; tracebacks held and printed once);
+- ``procs``: start, signal, stop and reap the ranks' process groups;
+- ``job``: one supervise loop with two policies (``FailFast``, ``RestartLost``), one conclusion;
+- ``hangs``: ranks alive but stuck; ``nodes``: the launchers of one job across nodes;
+- ``store``: the launcher's store behind a small interface (torch's TCPStore, loaded lazily);
+- ``rank_main``: what runs in each rank (loaded by path: it imports nothing of the package);
+- ``rank_ends``: how each rank ended (``RankReport``, ``RankEnd``) -> the one summary line;
+- ``main``: the entry point (``tensorplay-run``, ``python -m tensorplay.distributed.run``).
+
+Importing the package loads none of them: ``from tensorplay.distributed.launcher.main import
+main``.
+"""

@@ -1,0 +1,163 @@
+"""tensorplay-run's entry point: build the spec, meet the other nodes, run the job, conclude.
+
+``main(argv)`` returns the exit status: 0, a failed rank's status (128 + signal for a rank
+killed by one), 128 + signal when the launcher itself was stopped, 1 for a job stopped by
+another node, 2 for a usage error (``tensorplay-run: error: --flag=value: problem. Fix:
+...``). Whatever happens, no rank is left behind, and what the launcher changed (its signal
+handlers, its TORCH_CPP_LOG_LEVEL, the verdict directory) is put back. Worked example::
+
+    $ tensorplay-run --nproc-per-node 4 train.py --lr 0.1
+    [rank 0] step 1 loss 2.31
+    ...
+    tensorplay-run: rank 1 failed first (exit code 1): ValueError: bad lr; stopped ranks 0, 2-3.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+from .. import _env
+from ..errors import ArgumentError, rank_words
+from .events import Events, Signal, Verdict
+from .job import Job, policy_for
+from .nodes import Board, JoinError
+from .options import PROG
+from .output import Output
+from .procs import stop_ranks
+from .spec import LaunchSpec, parse_args
+
+USAGE_ERROR = 2
+OMP_NOTE = ("setting OMP_NUM_THREADS=1 for every rank, as torchrun does, so {n} ranks do not "
+            "oversubscribe the cores (it was not set; set it to choose another value)")
+
+
+@contextmanager
+def _signals_to(events: Events) -> Iterator[None]:
+    """While active, SIGINT/SIGTERM to the launcher become events (SimpleQueue is reentrant)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda num, _frame: events.put(Signal(num))) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _board(spec: LaunchSpec) -> Board:
+    return Board(nnodes=spec.nnodes, node_rank=spec.node_rank, nproc=spec.nproc_per_node,
+                 host=_env.hostname(), addr=spec.master_addr, port=spec.master_port,
+                 grace_s=spec.node_grace_s, join_timeout_s=spec.join_timeout_s)
+
+
+def launch(spec: LaunchSpec) -> int:
+    """Join the other nodes, start this node's ranks, supervise them, and leave no child
+    behind on any path."""
+    out = Output(spec.shown, spec.log_dir, spec.local_ranks)
+    if spec.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+        out.say(OMP_NOTE.format(n=spec.nproc_per_node))
+    if spec.workdir is not None:
+        os.mkdir(spec.workdir, 0o700)
+    if spec.serve_store and "TORCH_CPP_LOG_LEVEL" not in os.environ:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"  # torch logs each failed connect with a
+        # C++ stack trace: noise in a launcher, which says itself what failed
+    board = _board(spec) if spec.serve_store else None
+    job = Job(spec, out, board if spec.nnodes > 1 else None)
+    policy = policy_for(spec)
+    serving: threading.Thread | None = None
+    with _signals_to(job.events):
+        try:
+            if board is not None and spec.nnodes > 1:
+                try:
+                    board.join()
+                except JoinError as err:
+                    out.say(f"error: {err}.")
+                    return 1
+                board.watch(job.events.put)
+            elif board is not None:  # one node: serve once a rank asks
+                serving = threading.Thread(target=_serve, args=(board, job.events),
+                                           name="tensorplay-run store")
+                serving.start()
+            job.start()
+            signum = job.supervise(policy)
+            job.drain()
+            if signum is not None:
+                stopped = sorted(r for r, e in job.ends.items() if e.stop_t is not None)
+                job.out.show_held(sorted(job.ends))
+                out.say(f"got {signal.Signals(signum).name}; stopped "
+                        f"{rank_words(stopped) if stopped else 'no rank (none was running)'}.")
+                return 128 + signum
+            code = job.conclude(policy)
+            if job.board is not None:
+                code = _leave(job, code)
+            return code
+        finally:
+            alive = [r for r, p in job.procs.items() if p.returncode is None]
+            if alive:  # only on an unexpected error: never leave a child behind
+                stop_ranks(job.procs, alive, spec.stop_grace_s, job.events, lambda _event: None)
+            if serving is not None and board is not None:
+                board.stop_asking()
+                serving.join()
+            if board is not None:
+                board.close()
+            if spec.workdir is not None:
+                shutil.rmtree(spec.workdir, ignore_errors=True)
+            if "TORCH_CPP_LOG_LEVEL" not in spec.base_env:
+                os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+            out.close()
+
+
+def _serve(board: Board, events: Events) -> None:
+    """One node: serve the job's store when a rank asks; when it cannot, stop the job."""
+    try:
+        board.serve_when_asked()
+    except JoinError as err:
+        events.put(Verdict("store", 0, str(err)))
+
+
+def _leave(job: Job, code: int) -> int:
+    """Several nodes, this node's ranks ended: tell node 0, or (node 0) serve the store until
+    every node is done. A node lost after our ranks succeeded fails the job."""
+    board = job.board
+    assert board is not None
+    if job.spec.node_rank != 0:
+        board.beat_done()
+        return code
+    signals: list[int] = []
+
+    def interrupted() -> bool:  # SIGINT/SIGTERM while node 0 serves the others' store
+        with suppress(queue.Empty):
+            event = job.events.get_nowait()
+            if isinstance(event, Signal):
+                signals.append(event.signum)
+        return bool(signals)
+
+    if board.await_others(interrupted) or code:
+        return code
+    if signals:
+        job.out.say(f"got {signal.Signals(signals[0]).name} while the other nodes still used "
+                    f"the store this node serves; stopped serving it.")
+        return 128 + signals[0]
+    if board.verdict is not None:
+        job.out.say(f"the job stopped because {board.verdict.text}.")
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of tensorplay-run; returns the exit code (2 for usage errors)."""
+    try:
+        return launch(parse_args(argv))
+    except SystemExit as exc:  # argparse: --help (0) or a malformed command line (2)
+        return exc.code if isinstance(exc.code, int) else USAGE_ERROR
+    except ArgumentError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR

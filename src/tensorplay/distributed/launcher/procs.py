@@ -1,0 +1,111 @@
+"""The ranks' processes: start one, signal their process groups, stop some, reap them all.
+
+Each rank runs in its own process group (``start_new_session``), so a signal reaches the rank
+and anything it spawned. ``start_rank`` gives it a report pipe, two reader threads
+(``output``) and a waiter thread that puts an ``Exit`` event when it ends. Worked example
+(what ``Job`` does when a rank fails and the others must go)::
+
+    procs = {r: start_rank(spec, r, out, events, threads) for r in range(4)}
+    stop_ranks(procs, {0, 2, 3}, grace_s=5.0, events=events, record=job.record)
+    # SIGTERM to ranks 0, 2, 3; up to 5 s for them to go (a Signal event cuts it short);
+    # then SIGKILL to every group, and every process waited for
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
+
+from . import rank_main
+from .events import Beat, Event, Events, Exit, Report, Signal
+from .output import Output, pump_stderr, pump_stdout
+from .spec import LaunchSpec
+
+Threads = dict[int, list[threading.Thread]]  # rank -> its reader threads
+
+
+def _reap(proc: subprocess.Popen, rank: int, events: Events) -> None:
+    """Waiter thread: report the child's exit status as soon as it has one."""
+    code = proc.wait()
+    events.put(Exit(rank, code, time.monotonic()))
+
+
+def start_rank(spec: LaunchSpec, local_rank: int, out: Output, events: Events,
+               threads: Threads, restart: int = 0) -> subprocess.Popen:
+    """Start one rank in its own process group, with its report pipe, two readers and a waiter.
+
+    The rank's parent-death signal is tied to the thread that starts it, so call this from the
+    thread that supervises the job (it lives as long as the launcher).
+    """
+    rank = spec.global_rank(local_rank)
+    env = spec.rank_env(local_rank, restart)
+    report_r, report_w = os.pipe()
+    env[rank_main.REPORT_FD] = str(report_w)
+    env[rank_main.PARENT_PID] = str(os.getpid())
+    try:
+        proc = subprocess.Popen(spec.rank_command(), env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, pass_fds=(report_w,))
+    except BaseException:
+        os.close(report_r)
+        raise
+    finally:
+        os.close(report_w)
+
+    def on_event(event: Report | Beat) -> None:
+        if isinstance(event, Report) and event.report.event == "raised" and event.report.first:
+            out.expect(event.rank, event.report.first)
+        events.put(event)
+
+    assert proc.stdout is not None and proc.stderr is not None
+    readers = [threading.Thread(target=pump_stdout, args=(proc.stdout, rank, out), daemon=True),
+               threading.Thread(target=pump_stderr, daemon=True,
+                                args=(proc.stderr, report_r, rank, out, on_event))]
+    threads.setdefault(rank, []).extend(readers)
+    for t in [*readers, threading.Thread(target=_reap, args=(proc, rank, events), daemon=True)]:
+        t.start()
+    return proc
+
+
+def signal_groups(procs: Mapping[int, subprocess.Popen], ranks: Iterable[int], sig: int) -> None:
+    """Send sig to each rank's whole process group (the rank and anything it spawned)."""
+    for r in ranks:
+        with suppress(OSError):  # the group is already gone
+            os.killpg(procs[r].pid, sig)
+
+
+def stop_ranks(procs: Mapping[int, subprocess.Popen], ranks: Iterable[int], grace_s: float,
+               events: Events, record: Callable[[Event], None]) -> None:
+    """SIGTERM the given ranks, wait up to grace_s (a new signal cuts it short), SIGKILL all.
+
+    Events that arrive meanwhile (exits, reports, beats, a verdict) go to ``record``.
+    """
+    pending = set(ranks)
+    signal_groups(procs, pending, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while pending and (left := deadline - time.monotonic()) > 0:
+        try:
+            event = events.get(timeout=min(left, 0.2))
+        except queue.Empty:
+            continue
+        if isinstance(event, Signal):
+            break
+        record(event)
+        if isinstance(event, Exit):
+            pending.discard(event.rank)
+    signal_groups(procs, procs, signal.SIGKILL)
+    for proc in procs.values():
+        proc.wait()
+
+
+def join_threads(threads: Iterable[threading.Thread], timeout_s: float) -> None:
+    """Wait for reader threads to drain, but never longer than timeout_s in all."""
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,54 @@
+"""The launch spec: the command line read once into a frozen LaunchSpec; each rank's env."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tensorplay.distributed.launcher.options import parse_rank_list
+from tensorplay.distributed.launcher.spec import child_env, parse_args
+
+
+def test_child_env_sets_torchrun_variables_and_keeps_base():
+    env = child_env({"PATH": "/bin", "RANK": "99"}, rank=5, local_rank=1, world_size=8,
+                    local_world_size=4, node_rank=1, master_addr="10.0.0.1", master_port=29500)
+    assert env["PATH"] == "/bin"
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")} == {
+        "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}
+    assert (env["GROUP_RANK"], env["NODE_RANK"]) == ("1", "1")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29500")
+    assert env["PYTHONUNBUFFERED"] == "1" and env["TENSORPLAY_LAUNCHER"] == "tensorplay-run"
+    assert all(isinstance(v, str) for v in env.values())
+
+
+def test_child_env_sets_one_omp_thread_per_rank_unless_the_user_chose():
+    def omp(base: dict, local_world_size: int) -> str | None:
+        return child_env(base, rank=0, local_rank=0, world_size=8, node_rank=0,
+                         local_world_size=local_world_size, master_addr="h",
+                         master_port=1).get("OMP_NUM_THREADS")
+
+    assert omp({}, 4) == "1"  # as torchrun does
+    assert omp({"OMP_NUM_THREADS": "3"}, 4) == "3"
+    assert omp({}, 1) is None  # one rank per node: nothing to share
+
+
+def test_parse_rank_list_accepts_lists_and_ranges():
+    assert parse_rank_list("0,3", 4) == {0, 3}
+    assert parse_rank_list("0-2, 5", 8) == {0, 1, 2, 5}
+
+
+def test_the_spec_is_built_once_and_frozen(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text("")
+    spec = parse_args(["--nproc-per-node", "4", "--nnodes", "2", "--node-rank", "1",
+                       "--master-addr", "10.0.0.1", "--master-port", "29500",
+                       "--log-ranks", "0-1", str(job), "--lr", "0.1"])
+    assert (spec.world_size, list(spec.local_ranks), spec.global_rank(1)) == (8, [4, 5, 6, 7], 5)
+    assert spec.shown == {0, 1} and spec.script_args == ("--lr", "0.1")
+    assert spec.verdict_file is not None and spec.verdict_file.endswith("verdict")
+    env = spec.rank_env(1)
+    assert (env["RANK"], env["MASTER_ADDR"], env["TENSORPLAY_RUN_VERDICT_FILE"]) == (
+        "5", "10.0.0.1", spec.verdict_file)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.master_port = 1  # type: ignore[misc]
