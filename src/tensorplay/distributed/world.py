@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import _accounting, _env, _keys, _progress, backends
+from ._engine import Severable
 from ._failures import collective_error, named_failures, unless_told
 from ._layout import Layout
 from ._mesh_spec import Ranks
@@ -149,6 +150,8 @@ class World:
         comes to the recovery too. ``why`` ends "the 'dp' group [1, 5] ..." in the
         StaleEpochError of a later use. Returns the engine groups, for ``let_go``."""
         self._native.clear()  # the engine's meshes hold our groups' engine groups
+        # an engine that cannot sever or close a group (no elastic meshes) only retires them
+        engine = self.engine if isinstance(self.engine, Severable) else None
         closed = []
         for group in self._groups.values():
             if group.retired:
@@ -156,23 +159,29 @@ class World:
             engine_group = group.retire(why)
             if engine_group is not None and group is not self.default_group:
                 closed.append(engine_group)
+                if engine is None:
+                    continue
                 if sever:
                     with suppress(Exception):  # a group already broken breaks as it can
-                        self.engine.sever(engine_group)
+                        engine.sever(engine_group)
                 with suppress(Exception):  # and closes as it can
-                    self.engine.close_group(engine_group)
+                    engine.close_group(engine_group)
         return closed
 
     def sever_epoch(self, epoch: int) -> None:
         """Break the connections of this epoch's groups if ``epoch`` is still current (from the
         elastic watcher's thread: a recovery began elsewhere and this rank may be blocked in
-        a collective with a peer that will never come)."""
+        a collective with a peer that will never come). Nothing to break on an engine that
+        is not ``Severable`` (it makes no elastic mesh)."""
+        engine = self.engine
+        if not isinstance(engine, Severable):
+            return
         for group in list(self._groups.values()):
             engine_group = group.engine_group
             if (self.spmd.epoch == epoch and engine_group is not None and not group.retired
                     and group is not self.default_group):
                 with suppress(Exception):
-                    self.engine.sever(engine_group)
+                    engine.sever(engine_group)
 
     @staticmethod
     def let_go(engine_groups: list[Any]) -> None:
