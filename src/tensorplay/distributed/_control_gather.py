@@ -19,6 +19,7 @@ from ._failures import named_failures
 from ._topology import Hosts, hosts_from_names
 
 if TYPE_CHECKING:
+    from ._engine import GathersText
     from .world import World
 
 
@@ -60,16 +61,16 @@ class SoloControl:
 # -- an engine's all-gather of texts (MPI's control communicator) -----------------------------
 class GatherControl:
     """Every verb is one or two all-gathers of short texts over the whole world
-    (``engine.allgather_text``), whose waits are the engine's, bounded by the world's timeout.
+    (``GathersText.allgather_text``), whose waits are the engine's, bounded by the world's timeout.
     O(world size) text per rank per call: fine for what runs once per mesh or per job."""
 
-    def __init__(self, world: World):
-        self._world = world
+    def __init__(self, world: World, engine: GathersText):
+        self._world, self._engine = world, engine
         self._hosts: Hosts | None = None
 
     def _gather(self, text: str, step: str) -> list[str]:
         with named_failures(self._world, step):
-            return self._world.engine.allgather_text(text, step)  # type: ignore[attr-defined]
+            return self._engine.allgather_text(text, step)
 
     def tally(self, step: str, text: str) -> Tally:
         members = self._world.members()

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _keys
 from ._control import Board
+from ._engine import Severable
 from ._shrink import grow
 from .errors import DistributedTimeoutError, ShrinkError
 
@@ -78,11 +79,15 @@ def board_of(world: World) -> Board:
 
 def elastic_refused(world: World) -> str | None:
     """Why ``world`` cannot hold an elastic mesh, or None: the survivors of a loss agree on a
-    board any rank reads at any time (a store); a control plane in step only (MPI's) has none."""
-    if isinstance(world.control, Board):
-        return None
-    return (f"needs a store where the survivors agree; the {world.engine.name} engine has none "
-            "(its control plane runs in step only)")
+    board any rank reads at any time (a store; a control plane in step only, MPI's, has none),
+    and a recovery breaks the groups of the failed epoch (a ``Severable`` engine)."""
+    if not isinstance(world.control, Board):
+        return (f"needs a store where the survivors agree; the {world.engine.name} engine has "
+                "none (its control plane runs in step only)")
+    if not isinstance(world.engine, Severable):
+        return (f"needs an engine that can break its groups in a recovery; the "
+                f"{world.engine.name} engine cannot")
+    return None
 
 
 def next_of(board: Board, epoch: int, proposal: dict[str, Any]) -> dict[str, Any]:

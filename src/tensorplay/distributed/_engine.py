@@ -5,27 +5,42 @@ in-process "fake" world. Everything above ``backends/`` reaches an engine only t
 ``Engine`` and ``GroupOps`` methods below, found by backend name in the registry
 (``backends/__init__.py``); no module above the engines imports one or tests for its name.
 
-What the package needs of an engine, in the order a job uses it:
+The core, ``Engine``, is what every engine has, in the order a job uses it:
 
-1. ``start()`` joins the job's world and returns the engine's world group and its store;
+1. ``start()`` joins the job's world and returns the engine's world group and its store
+   (``running()``/``adopt()``: a world someone else started, joined as it is);
 2. ``new_group()`` makes the group of some ranks, in the given order, on its members only
    (``ProcessGroup`` wraps it); ``ops()`` binds the collectives to one such group;
 3. ``classify()`` says what one of the engine's exceptions means (a timeout, a lost peer);
    ``_failures`` turns that into our errors, worded alike for every engine;
-4. ``destroy()`` leaves the world.
+4. ``destroy()`` leaves the world;
 
-An engine with a mesh object of its own (torch's DeviceMesh, which DTensor, tensor parallelism
-and FSDP2 take) converts our meshes to it and back: ``to_native_mesh()`` builds one over a
-``MeshView`` of our mesh, on our groups; ``mesh_from_native()`` describes one of its own as a
-``NativeMesh`` for ``DeviceMesh.from_torch()`` to adopt.
+and the lookups every engine answers: ``default_backend``, ``check_available``,
+``group_members``, ``backend_for_device``, ``use_device``, ``rank_array``.
 
-``Capabilities`` say what an engine can do, so the package asks "does it have a store?",
-never "is it torch?". The MPI engine (no store, numpy buffers) meets the same Protocol:
-``start`` is MPI's init, ``new_group`` one ``Create_group`` per group, ``ops`` calls the
-communicator's collectives. Without a store, the three things the package did through one
-(the cross-rank check, the host exchange, the call counts compared at the end) go through
-``allgather_text``, the one method a store-less engine adds: an all-gather of short texts
-over the whole world, bounded by the world's timeout.
+What only some engines can do is an optional capability: a ``runtime_checkable`` Protocol of
+its own that the package finds with ``isinstance(engine, Capability)``. An engine without one
+does not define its methods (no stub raises); the caller that needs it raises our error
+(``BackendError``, ``ArgumentError``), naming the engine:
+
+- ``NativeMeshes``: a mesh object of the engine's own (torch's DeviceMesh, which DTensor,
+  tensor parallelism and FSDP2 take): ``to_native_mesh()`` builds one over a ``MeshView``
+  of our mesh, on our groups; ``mesh_from_native()`` describes one of its own as a
+  ``NativeMesh`` for ``DeviceMesh.from_torch()`` to adopt. Only the torch engine.
+- ``Severable``: what an elastic recovery needs of the engine: ``prepare_elastic()``,
+  ``sever()`` (break a group's connections from any thread) and ``close_group()``. Only the
+  torch engine; without it a world makes no elastic mesh, and an epoch's groups are retired
+  without engine calls.
+- ``GathersText``: ``allgather_text()``, an all-gather of short texts over the whole world on
+  a communicator user code never sees: what a world without a store runs its control plane
+  on (``_control_gather.GatherControl``). Only the MPI engine.
+
+``Capabilities`` (data, not methods) say what an engine's world is like, so the package asks
+"does it have a store?", never "is it torch?". The MPI engine (no store, numpy buffers) meets
+the same core: ``start`` is MPI's init, ``new_group`` one ``Create_group`` per group, ``ops``
+calls the communicator's collectives. What the ranks decide together goes through the
+world's control plane (``_control``): over the store where the engine has one, else over the
+engine's ``allgather_text`` (``GathersText``), bounded by the world's timeout.
 """
 
 from __future__ import annotations
@@ -33,7 +48,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ._mesh_spec import Ranks
@@ -63,7 +78,7 @@ class Capabilities:
     simulated: the world exists only in this process (any rank of any size); nothing moves.
     has_store: a job-wide key-value store serves the cross-rank check, host map, call counts
         and barrier arrival marks (and the store needs a rendezvous address); without one a
-        real (not simulated) world does them with ``Engine.allgather_text``.
+        real (not simulated) world does them with ``GathersText.allgather_text``.
     can_abort: a pending collective can be aborted from another thread (NCCL's abort).
     """
 
@@ -164,7 +179,9 @@ class GroupOps(Protocol):
 
 
 class Engine(Protocol):
-    """One engine: how a world starts, how groups are made and used, how it fails."""
+    """The core every engine meets: how a world starts, how groups are made and used, how it
+    fails, and the lookups every engine answers. What only some engines can do is a
+    capability below (``NativeMeshes``, ``Severable``)."""
 
     name: str  # "torch", "fake", ...: for messages and the registry only
     capabilities: Capabilities
@@ -208,22 +225,6 @@ class Engine(Protocol):
         engine must not list them: a group may hold a million ranks)."""
         ...
 
-    def prepare_elastic(self) -> None:
-        """An elastic mesh is being made: set up the groups made from now on so that a
-        recovery can break them (torch: NCCL's non-blocking communicators)."""
-        ...
-
-    def sever(self, engine_group: Any) -> None:
-        """Break one engine group's connections now, from any thread: this rank's call
-        blocked in it fails at once, as do its peers' (an elastic recovery began elsewhere).
-        The group is not torn down; ``close_group`` does that later."""
-        ...
-
-    def close_group(self, engine_group: Any) -> None:
-        """Tear one engine group down (an elastic mesh left its epoch): the engine forgets it;
-        its resources go with its last reference. Never waits on a peer."""
-        ...
-
     def ops(
         self, engine_group: Any, group: ProcessGroup,
         failed: Callable[[BaseException, str], Exception],
@@ -259,25 +260,60 @@ class Engine(Protocol):
         tensor)."""
         ...
 
+    def destroy(self, adopted: bool) -> None:
+        """Leave the world: every engine group we made stops working; the world itself is
+        torn down only when we started it (not ``adopted``)."""
+        ...
+
+
+@runtime_checkable
+class NativeMeshes(Protocol):
+    """Capability: the engine has a mesh object of its own (torch's DeviceMesh) and converts
+    our meshes to it and back. ``DeviceMesh.to_torch()``/``from_torch()`` raise BackendError,
+    naming the engine, on an engine without it."""
+
     def to_native_mesh(self, view: MeshView, root: Any) -> Any:
         """The engine's own mesh object over ``view``'s groups, creating no group; ``root`` is
         the engine's mesh of the view's root (None when the view is a root). Raise BackendError
-        when the engine (or its installed version) has no such object."""
+        when the installed version of the engine lacks what that needs."""
         ...
 
     def mesh_from_native(self, obj: object) -> NativeMesh | None:
         """``obj``, one of the engine's own mesh objects, described for adoption; None when
-        ``obj`` is not one. Raise BackendError when the engine has no mesh objects."""
+        ``obj`` is not one."""
         ...
+
+
+@runtime_checkable
+class Severable(Protocol):
+    """Capability: the engine's groups can be broken and torn down one by one, which an
+    elastic recovery needs. ``init_device_mesh(elastic=...)`` refuses an engine without it
+    (ArgumentError naming the engine); ``World.close_epoch`` then only retires the groups."""
+
+    def prepare_elastic(self) -> None:
+        """An elastic mesh is being made: set up the groups made from now on so that a
+        recovery can break them (torch: NCCL's non-blocking communicators)."""
+        ...
+
+    def sever(self, engine_group: Any) -> None:
+        """Break one engine group's connections now, from any thread: this rank's call
+        blocked in it fails at once, as do its peers' (an elastic recovery began elsewhere).
+        The group is not torn down; ``close_group`` does that later."""
+        ...
+
+    def close_group(self, engine_group: Any) -> None:
+        """Tear one engine group down (an elastic mesh left its epoch): the engine forgets it;
+        its resources go with its last reference. Never waits on a peer."""
+        ...
+
+
+@runtime_checkable
+class GathersText(Protocol):
+    """Capability: an all-gather of short texts over the whole world, on a communicator user
+    code never sees; a world without a store runs its control plane on it (``GatherControl``).
+    A world with neither has none to run (``world.control_for`` refuses it)."""
 
     def allgather_text(self, text: str, step: str) -> list[str]:
-        """Every rank's ``text``, in world rank order, on every rank: the store-less engine's
-        one way to compare across ranks (called in step by every rank; ``step`` names the
-        call in errors). Waits up to the world's timeout. Engines with a store, or a
-        simulated world, are never asked."""
-        ...
-
-    def destroy(self, adopted: bool) -> None:
-        """Leave the world: every engine group we made stops working; the world itself is
-        torn down only when we started it (not ``adopted``)."""
+        """Every rank's ``text``, in world rank order, on every rank (called in step by every
+        rank; ``step`` names the call in errors). Waits up to the world's timeout."""
         ...

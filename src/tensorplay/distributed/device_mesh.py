@@ -14,13 +14,15 @@ from typing import Any
 
 from . import _elastic, _env
 from . import _mesh_args as args
+from . import backends as _registry
 from ._consensus import agree
 from ._elastic import Elastic
-from ._engine import MeshView, NativeMesh
+from ._engine import MeshView, NativeMesh, NativeMeshes, Severable
 from ._failures import named_failures
 from ._mesh_spec import MeshSpec
 from .errors import (
     ArgumentError,
+    BackendError,
     NotAMemberError,
     NotInitializedError,
     UnknownDimError,
@@ -104,8 +106,9 @@ class DeviceMesh:
 
     @property
     def mesh(self):
-        """The rank array as an int64 torch tensor (built on demand: O(size))."""
-        return self._world.engine.rank_array(self._spec.array())
+        """The rank array as an int64 torch tensor (built on demand: O(size)); a numpy array
+        in an MPI world, or in a simulated one where torch is not installed."""
+        return _registry.rank_array(self._world.engine, self._spec.array())
 
     @property
     def ndim(self) -> int:
@@ -419,6 +422,7 @@ class DeviceMesh:
         simulated world, or when the installed torch lacks what it needs.
         """
         self._alive("to_torch()")
+        _native_meshes(self._world, adopting=False)  # before any group is made
         if self._spec == self._root and self._groups:  # flattens made since this was built
             for name in self._world.flattened_names(self._root_key()):
                 self[name]._native()
@@ -431,10 +435,11 @@ class DeviceMesh:
         """The engine's mesh over this mesh's groups: a root from its rank array, any other
         mesh as dims of its root's (built first)."""
         world, groups = self._world, tuple(g.engine_group for g in self._groups)
+        engine = _native_meshes(world, adopting=False)
         if self._spec == self._root:
             view = MeshView(self._device_type, self.mesh_dim_names, groups,
                             ranks=self._spec.array())
-            return world.engine.to_native_mesh(view, None)
+            return engine.to_native_mesh(view, None)
         anchor = world.rank if self._groups else self._spec.rank_at((0,) * self.ndim)
         dims = self._spec.root_dims(self._root, anchor)
         root = self._root_mesh(dims)
@@ -445,7 +450,7 @@ class DeviceMesh:
                     i for i in merged if self._root.shape[i] > 1):
                 flatten_of = names[0]
         view = MeshView(self._device_type, names, groups, root_dims=dims, flatten_of=flatten_of)
-        return world.engine.to_native_mesh(view, root._native())
+        return engine.to_native_mesh(view, root._native())
 
     def _flattened_dims(self, name: str) -> tuple[int, ...] | None:
         """The root dims that ``name`` flattens in the world's registry, None if none."""
@@ -475,7 +480,7 @@ class DeviceMesh:
         order (torch's new_group sorts ranks, so a permuted torch mesh is refused).
         """
         world = current_world("DeviceMesh.from_torch()")
-        found = world.engine.mesh_from_native(torch_mesh)
+        found = _native_meshes(world, adopting=True).mesh_from_native(torch_mesh)
         if found is None:
             raise bad_type("torch_mesh", torch_mesh, f"a {world.engine.name} DeviceMesh",
                            "pass the DeviceMesh a library built, e.g. its init_device_mesh()")
@@ -573,6 +578,35 @@ class DeviceMesh:
                            f"use one of {tuple(known)}" if known else
                            "this mesh has no dim names; build it with mesh_dim_names=... "
                            "to slice it", kind=UnknownDimError)
+
+
+def _native_meshes(world: World, adopting: bool) -> NativeMeshes:
+    """The world's engine, which has mesh objects of its own (torch's DeviceMesh); else the
+    BackendError of ``to_torch()`` (``from_torch()`` when ``adopting``) naming the engine."""
+    engine = world.engine
+    if isinstance(engine, NativeMeshes):
+        return engine
+    name, simulated = engine.name, engine.capabilities.simulated
+    which = f"a simulated ({name!r}) world" if simulated else f"{_article(name)} {name} world"
+    if adopting:
+        raise BackendError(
+            f"DeviceMesh.from_torch(): {which} cannot adopt torch_mesh: its groups belong to "
+            + ("a real torch world. Fix: call init_process_group('gloo') (or nccl) and adopt "
+               "torch meshes built in that world." if simulated else
+               "torch.distributed. Fix: adopt torch meshes in a gloo or nccl world."))
+    raise BackendError(
+        f"to_torch(): {which} has no torch process groups to build torch's DeviceMesh on. "
+        "Fix: run on gloo or nccl "
+        + (f"(e.g. tensorplay-run --nproc-per-node 8) to use DTensor, tensor parallelism or "
+           f"FSDP2; a {name} world plans and checks meshes only." if simulated else
+           "(tensorplay-run or torchrun, init_process_group('gloo')) to use DTensor, tensor "
+           "parallelism or FSDP2."))
+
+
+def _article(name: str) -> str:
+    """'an' before an engine name read letter by letter that sounds a vowel first ("an mpi
+    world"), else 'a'."""
+    return "an" if name[:1] in "aefhilmnorsx" else "a"
 
 
 def _default(world: World, device: str) -> str:
@@ -708,7 +742,8 @@ def init_device_mesh(
         replicas[0], replicas[1], shape, tuple(spec.ranks().tolist()))
     if plan is not None:
         world.elastic = shape
-        world.engine.prepare_elastic()
+        if isinstance(world.engine, Severable):  # always: checked above
+            world.engine.prepare_elastic()
         from ._elastic import watch
 
         watch(world)

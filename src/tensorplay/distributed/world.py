@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING, Any
 from . import _accounting, _env, _keys, _progress, backends
 from ._control_gather import GatherControl, SoloControl
 from ._control_store import StoreControl
+from ._engine import GathersText, Severable
 from ._failures import collective_error, named_failures, unless_told
 from ._layout import Layout
 from ._mesh_spec import Ranks
 from ._strict import StrictOps
 from .errors import (
     AlreadyInitializedError,
+    BackendError,
     LaunchEnvError,
     NotInitializedError,
     bad_argument,
@@ -153,6 +155,8 @@ class World:
         comes to the recovery too. ``why`` ends "the 'dp' group [1, 5] ..." in the
         StaleEpochError of a later use. Returns the engine groups, for ``let_go``."""
         self._native.clear()  # the engine's meshes hold our groups' engine groups
+        # an engine that cannot sever or close a group (no elastic meshes) only retires them
+        engine = self.engine if isinstance(self.engine, Severable) else None
         closed = []
         for group in self._groups.values():
             if group.retired:
@@ -160,23 +164,29 @@ class World:
             engine_group = group.retire(why)
             if engine_group is not None and group is not self.default_group:
                 closed.append(engine_group)
+                if engine is None:
+                    continue
                 if sever:
                     with suppress(Exception):  # a group already broken breaks as it can
-                        self.engine.sever(engine_group)
+                        engine.sever(engine_group)
                 with suppress(Exception):  # and closes as it can
-                    self.engine.close_group(engine_group)
+                    engine.close_group(engine_group)
         return closed
 
     def sever_epoch(self, epoch: int) -> None:
         """Break the connections of this epoch's groups if ``epoch`` is still current (from the
         elastic watcher's thread: a recovery began elsewhere and this rank may be blocked in
-        a collective with a peer that will never come)."""
+        a collective with a peer that will never come). Nothing to break on an engine that
+        is not ``Severable`` (it makes no elastic mesh)."""
+        engine = self.engine
+        if not isinstance(engine, Severable):
+            return
         for group in list(self._groups.values()):
             engine_group = group.engine_group
             if (self.spmd.epoch == epoch and engine_group is not None and not group.retired
                     and group is not self.default_group):
                 with suppress(Exception):
-                    self.engine.sever(engine_group)
+                    engine.sever(engine_group)
 
     @staticmethod
     def let_go(engine_groups: list[Any]) -> None:
@@ -348,12 +358,19 @@ def _adopt(engine: Engine, found: Running, backend: object, timeout: object,
 
 def control_for(world: World) -> Control:
     """The control plane of ``world``: over its store, over its engine's all-gather of texts
-    (MPI's control communicator), or none needed (a simulated or 1-rank world)."""
-    if world.engine.capabilities.simulated or world.size == 1:
+    (MPI's control communicator), or none needed (a simulated world, or 1 rank and no store)."""
+    engine = world.engine
+    if engine.capabilities.simulated:
         return SoloControl(world)
-    if world.store is not None:
+    if world.store is not None:  # 1 rank too: its elastic mesh needs the store's Board
         return StoreControl(world, world.store)
-    return GatherControl(world)
+    if world.size == 1:
+        return SoloControl(world)
+    if isinstance(engine, GathersText):
+        return GatherControl(world, engine)
+    raise BackendError(f"init_process_group(): the {engine.name} engine offers neither a store "
+                       f"nor an all-gather of texts, so a world of {world.size} ranks has no "
+                       "control plane. Fix: use backend 'gloo', 'nccl' or 'mpi'")
 
 
 def _join(world: World, progress_s: float) -> None:

@@ -9,6 +9,7 @@ beside this file; nothing above ``backends/`` changes.
     engine_for("gloo").name          # 'torch' (loads torch)
     engine_name("fake")              # 'fake' (loads nothing)
     default_backend()                # 'mpi' under mpiexec without MASTER_ADDR, else 'gloo'
+    rank_array(engine, array)        # mesh.mesh: a tensor in a torch world (or a fake one)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import _env
 from ..errors import BackendError
@@ -75,6 +76,15 @@ def default_backend() -> str:
         "init_process_group(): no engine is installed (neither torch nor mpi4py). Fix: pip "
         "install 'tensorplay-distributed[mpi]' (numpy users) or 'tensorplay-distributed[torch]'."
     )
+
+
+def rank_array(engine: Engine, array: Any) -> Any:
+    """A mesh's rank array (numpy int64) as the users of ``engine`` expect it. A simulated
+    world stands in for a real one: its array is as the torch engine gives it (an int64
+    tensor) where torch is installed (loading it), else the numpy array, as MPI's is."""
+    if engine.capabilities.simulated and _installed("torch_c10d"):
+        engine = _load("torch_c10d")
+    return engine.rank_array(array)
 
 
 def launcher_can_serve_store() -> bool:

@@ -12,8 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from .. import _arrays
-from .._engine import Capabilities, FailureKind, Started
-from ..errors import BackendError
+from .._engine import Capabilities, Engine, FailureKind, Started
 from ..process_group import Work
 
 
@@ -82,7 +81,9 @@ class FakeGroupOps:
 
 
 class FakeEngine:
-    """The simulated engine (``_engine.Engine``): no processes, no store, no engine groups."""
+    """The simulated engine (``_engine.Engine``, no capability): no processes, no store, no
+    engine groups; so no mesh objects of its own (``NativeMeshes``) and nothing to sever
+    (``Severable``)."""
 
     name = "fake"
     capabilities = Capabilities(simulated=True, has_store=False, can_abort=False)
@@ -121,50 +122,22 @@ class FakeEngine:
         """A simulated rank has no device to pick."""
 
     def rank_array(self, array: Any) -> Any:
-        """As torch's engine gives it (a tensor), where torch is installed: a simulated world
-        stands in for a real one; else the numpy array itself, as the MPI engine gives it."""
-        from . import _installed, engine_for
-
-        return engine_for("gloo").rank_array(array) if _installed("torch_c10d") else array
+        """The numpy array itself (the registry's ``rank_array`` gives a simulated world's
+        as the engine it stands in for would)."""
+        return array
 
     def running(self) -> None:
         """A simulated world is never started outside the package."""
         return None
 
     def adopt(self, timeout: timedelta) -> Started:
-        raise AssertionError("unreachable: running() is always None")
-
-    def to_native_mesh(self, view: Any, root: Any) -> Any:
-        """A simulated world has no engine groups to build torch's DeviceMesh on."""
-        raise BackendError(
-            "to_torch(): a simulated ('fake') world has no torch process groups to build "
-            "torch's DeviceMesh on. Fix: run on gloo or nccl (e.g. tensorplay-run "
-            "--nproc-per-node 8) to use DTensor, tensor parallelism or FSDP2; a fake world "
-            "plans and checks meshes only."
-        )
-
-    def mesh_from_native(self, obj: object) -> Any:
-        """A simulated world cannot adopt torch's meshes: their groups are not its own."""
-        raise BackendError(
-            "DeviceMesh.from_torch(): a simulated ('fake') world cannot adopt torch_mesh: its "
-            "groups belong to a real torch world. Fix: call init_process_group('gloo') (or "
-            "nccl) and adopt torch meshes built in that world."
-        )
-
-    def allgather_text(self, text: str, step: str) -> list[str]:
-        raise AssertionError("unreachable: a simulated world compares nothing")
-
-    def prepare_elastic(self) -> None:
-        """Nothing to prepare."""
-
-    def sever(self, engine_group: Any) -> None:
-        """Nothing to break."""
-
-    def close_group(self, engine_group: Any) -> None:
-        """Nothing to close."""
+        """What ``start`` gives: a simulated world has nothing to join (``running()`` is
+        never set, so nothing asks)."""
+        return Started(None, None)
 
     def destroy(self, adopted: bool) -> None:
         """Nothing to tear down."""
 
 
 ENGINE = FakeEngine()
+_CLAIMS: Engine = ENGINE  # mypy: it meets the core (and claims no capability)

@@ -48,7 +48,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _env
-from .._engine import Capabilities, FailureKind, Running, Started
+from .._engine import Capabilities, Engine, FailureKind, GathersText, Running, Started
 from .._failures import FIX_FAILED
 from ..errors import (
     BackendError,
@@ -106,7 +106,9 @@ def _pid_runs(pids: Sequence[int]) -> str:
 
 
 class MpiEngine:
-    """The MPI engine (``_engine.Engine``): COMM_WORLD, communicators, polled waits."""
+    """The MPI engine (``_engine.Engine``, no capability): COMM_WORLD, communicators, polled
+    waits. No mesh objects of its own (``NativeMeshes``: DTensor needs torch's groups) and no
+    elastic meshes (``Severable``: they need a store, which it lacks)."""
 
     name = "mpi"
     capabilities = Capabilities(simulated=False, has_store=False, can_abort=False)
@@ -188,12 +190,6 @@ class MpiEngine:
         for comm in made:
             comm.Free()
 
-    def sever(self, engine_group: Any) -> None:
-        """Not reached: an elastic mesh needs a store, which this engine lacks."""
-        raise AssertionError("unreachable: the MPI engine has no elastic meshes")
-
-    close_group = prepare_elastic = sever
-
     # -- groups ------------------------------------------------------------------------------
     def new_group(self, name: str, ranks: Any, backend: str, timeout: timedelta,
                   desc: str) -> Any:
@@ -255,21 +251,6 @@ class MpiEngine:
     def rank_array(self, array: Any) -> Any:
         """The numpy array itself."""
         return array
-
-    def to_native_mesh(self, view: Any, root: Any) -> Any:
-        """MPI has no mesh object of torch's kind: DTensor needs torch's groups."""
-        raise BackendError(
-            "to_torch(): an mpi world has no torch process groups to build torch's DeviceMesh "
-            "on. Fix: run on gloo or nccl (tensorplay-run or torchrun, "
-            "init_process_group('gloo')) to use DTensor, tensor parallelism or FSDP2."
-        )
-
-    def mesh_from_native(self, obj: object) -> Any:
-        """MPI cannot adopt torch's meshes: their groups are not MPI communicators."""
-        raise BackendError(
-            "DeviceMesh.from_torch(): an mpi world cannot adopt torch_mesh: its groups belong "
-            "to torch.distributed. Fix: adopt torch meshes in a gloo or nccl world."
-        )
 
     def allgather_text(self, text: str, step: str) -> list[str]:
         """Every rank's ``text`` in rank order. One all-gather of fixed slots when every text
@@ -521,3 +502,4 @@ def _size_error(me: int, size: int, rank: int, world_size: int) -> DistributedEr
 
 
 ENGINE = MpiEngine()
+_CLAIMS: tuple[Engine, GathersText] = (ENGINE,) * 2  # mypy: the core and 1 capability

@@ -37,7 +37,15 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from .. import _arrivals, _env, _keys, _netif
-from .._engine import Capabilities, FailureKind, Running, Started
+from .._engine import (
+    Capabilities,
+    Engine,
+    FailureKind,
+    NativeMeshes,
+    Running,
+    Severable,
+    Started,
+)
 from ..errors import (
     BackendError,
     DistributedError,
@@ -275,7 +283,8 @@ def _first_line(err: BaseException) -> str:
 
 
 class TorchEngine:
-    """The c10d engine (``_engine.Engine``): gloo and nccl groups, TCPStore, c10d's calls."""
+    """The c10d engine (``_engine.Engine``, ``NativeMeshes``, ``Severable``): gloo and nccl
+    groups, TCPStore, c10d's calls, torch's DeviceMesh."""
 
     name = "torch"
     capabilities = Capabilities(simulated=False, has_store=True, can_abort=False)
@@ -440,9 +449,6 @@ class TorchEngine:
 
         return from_native(obj)
 
-    def allgather_text(self, text: str, step: str) -> list[str]:
-        raise AssertionError("unreachable: the torch engine compares through its store")
-
     def destroy(self, adopted: bool) -> None:
         """Tear c10d down: every group, or in an adopted world only the groups we made (its
         owner tears the world down)."""
@@ -489,6 +495,7 @@ def _shut(fd: int, inode: str) -> None:
 
 
 ENGINE = TorchEngine()
+_CLAIMS: tuple[Engine, NativeMeshes, Severable] = (ENGINE,) * 3  # mypy: the core, 2 capabilities
 
 
 def probe() -> list[str]:
