@@ -34,6 +34,7 @@ CHECK_ARRIVE = "check/{n}/arrive/{rank}"  # a rank's request digest (or a death 
 CHECK_OUTCOME = "check/{n}/outcome"  # ok | differ ... | gave_up ... | dead ...
 CHECK_REQUEST = "check/{n}/request/{rank}"  # a request's JSON text, posted only on a difference
 BARRIER_MARK = "barrier/{group}/{n}/{rank}"  # a member's arrival at a lasting barrier
+BARRIER_COUNT = "barrier/{group}"  # the Spmd counter of one group's blocking barriers
 EXCHANGE = "exchange/{name}/{rank}"  # a rank's text in a Control.exchange ("calls": its counts)
 LEFT = "left/{rank}"  # a rank is done with the store (rank 0 waits for these before it closes)
 FAILED = "failed/{rank}"  # a rank raised RankFailedError: it saw a loss, it is not one (if gone)
@@ -45,6 +46,14 @@ ELASTIC_POLL = "elastic/e{epoch}/poll/{n}"  # the members' n-th grow() poll in e
 RECOVER_HERE = "recover/e{epoch}/here/{rank}"  # a survivor of epoch k: its suspects, its dead
 RECOVER_VERDICT = "recover/e{epoch}/verdict"  # the lost ranks of epoch k (or a refusal), decided
 ELASTIC_WANT = "elastic/want/{rank}"  # a rank waiting to join: "<token>" (a replacement, a spare)
+
+# -- launcher keys: the launchers of one job across nodes (``launcher/nodes.py``) -------------
+NODE_CLAIM = "tensorplay-run/claim/{node}"  # how many launchers claimed node index i (add)
+NODE_INFO = "tensorplay-run/node/{node}/{claim}"  # the claim-th claimant of index i (JSON)
+NODE_BEAT = "tensorplay-run/beat/{node}"  # node i's heartbeat counter (add; DONE when it ends)
+NODES_STARTED = "tensorplay-run/started"  # every node arrived: the ranks start
+NODES_PARTED = "tensorplay-run/parted"  # how many launchers have left (add)
+NODES_VERDICT = "tensorplay-run/verdict"  # why the job stops, the first written (JSON)
 
 _worlds_started = 0  # worlds this process has started: the k of their key prefix
 
@@ -61,6 +70,9 @@ def worlds_started() -> int:
     return _worlds_started
 
 
+ATTEMPT_PREFIX = "tensorplay/attempt_{attempt}/"  # an agent's store: its keys of restart n
+
+
 def world_prefix(k: int) -> str:
     """The prefix of world k's keys on its store: ``tensorplay/world_<k>/``."""
     return f"tensorplay/world_{k}/"
@@ -75,7 +87,7 @@ def joined(rank: int) -> str:
 class Spmd:
     """The per-world counters that every rank moves in step, and the current epoch.
 
-    ``next("check")`` numbers cross-rank checks; ``next(f"barrier/{group}")`` numbers one
+    ``next("check")`` numbers cross-rank checks; ``next(BARRIER_COUNT.format(group=g))`` numbers one
     group's blocking barriers. ``open_epoch()`` moves to a new generation and restarts them.
     """
 

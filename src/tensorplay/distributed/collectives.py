@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _arrays
+from . import _arrays, _keys
 from ._failures import unless_told
 from .errors import bad_argument, bad_type
 from .process_group import ProcessGroup, ReduceOp, Work
@@ -167,7 +167,7 @@ def barrier(group: ProcessGroup | None = None, async_op: bool = False) -> Work |
     pg.calls += 1
     if async_op:
         return ops.barrier(True)
-    n = world.spmd.next(f"barrier/{pg.name}")
+    n = world.spmd.next(_keys.BARRIER_COUNT.format(group=pg.name))
     step = f"barrier() #{n} on {pg.label}"
     with world.control.arrivals(step, pg.name, pg.ranks, n):
         return unless_told(step, world, pg.backend, lambda: ops.barrier(False))

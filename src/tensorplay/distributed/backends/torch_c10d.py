@@ -79,7 +79,7 @@ def make_tcp_store(
     if attempt is not None:
         _netif.await_listener(host, port, time.monotonic() + timeout.total_seconds())
         client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
-        return dist.PrefixStore(f"tensorplay/attempt_{attempt}/{prefix}", client)
+        return dist.PrefixStore(_keys.ATTEMPT_PREFIX.format(attempt=attempt) + prefix, client)
     if rank != 0:
         return _join_opened_world(host, port, world_size, timeout, prefix)
     store = dist.PrefixStore(prefix, _serve(host, port, world_size, timeout))

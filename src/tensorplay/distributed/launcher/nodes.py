@@ -43,12 +43,11 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _netif
+from .. import _keys, _netif
 from ..errors import format_ranks
 from . import store
 from .store import LauncherStore
 
-PREFIX = "tensorplay-run/"
 BEAT_S = 1.0  # how often a launcher beats and looks at the others
 CALL_S = 2.0  # a heartbeat's store call gives up after this long
 DONE = 1 << 40  # added to a node's counter when its ranks have all finished
@@ -153,9 +152,6 @@ class Board:
         with suppress(OSError):
             os.write(self._wake[1], b"x")
 
-    def _key(self, name: str) -> str:
-        return PREFIX + name
-
     # ---------------------------------------------------------------- join
 
     def join(self) -> None:
@@ -189,35 +185,37 @@ class Board:
         """The join failed: say this launcher read why; node 0 keeps the store up until every
         launcher that came has (at most ACK_S), so none meets a closed store instead."""
         with suppress(Exception):
-            _bounded(lambda: self.client.add(self._key("parted"), 1), CALL_S)
+            _bounded(lambda: self.client.add(_keys.NODES_PARTED, 1), CALL_S)
             if self.index != 0:
                 return
             until = time.monotonic() + ACK_S
             while time.monotonic() < until:
-                came = sum(int(self.client.add(self._key(f"claim/{i}"), 0))
+                came = sum(int(self.client.add(_keys.NODE_CLAIM.format(node=i), 0))
                            for i in range(self.nnodes))
-                if int(self.client.add(self._key("parted"), 0)) >= came:
+                if int(self.client.add(_keys.NODES_PARTED, 0)) >= came:
                     return
                 time.sleep(POLL_S)
 
     def _join(self, deadline: float) -> None:
         me = Node(self.index, self.host, self.nproc, self.nnodes)
-        claim = int(self.client.add(self._key(f"claim/{self.index}"), 1))
-        self.client.set(self._key(f"node/{self.index}/{claim}"), json.dumps(me.__dict__))
+        claim = int(self.client.add(_keys.NODE_CLAIM.format(node=self.index), 1))
+        info = _keys.NODE_INFO.format(node=self.index, claim=claim)
+        self.client.set(info, json.dumps(me.__dict__))
         if claim > 1:
-            first = Node(**json.loads(self.client.get(self._key(f"node/{self.index}/1"))))
+            first_info = _keys.NODE_INFO.format(node=self.index, claim=1)
+            first = Node(**json.loads(self.client.get(first_info)))
             text = (f"node {self.index} was claimed twice (--node-rank {self.index} on "
                     f"{first.host} and on {self.host}). Fix: give each machine its own "
                     f"--node-rank in 0..{self.nnodes - 1}")
-            if self.client.check([self._key("started")]):  # too late to stop the others
+            if self.client.check([_keys.NODES_STARTED]):  # too late to stop the others
                 raise JoinError(text + "; the job already runs without this launcher")
             raise JoinError(self.post("join", text).text)
         self._await_all(deadline)
         self._check_agree()
-        self.client.set(self._key("started"), "1")
+        self.client.set(_keys.NODES_STARTED, "1")
 
     def _await_all(self, deadline: float) -> None:
-        keys = [self._key(f"node/{i}/1") for i in range(self.nnodes)]
+        keys = [_keys.NODE_INFO.format(node=i, claim=1) for i in range(self.nnodes)]
         while True:
             self._raise_on_verdict()
             here = [i for i, key in enumerate(keys) if self.client.check([key])]
@@ -237,7 +235,7 @@ class Board:
         self.nodes = {i: self._read_node(i) for i in range(self.nnodes)}
 
     def _read_node(self, i: int) -> Node:
-        return Node(**json.loads(self.client.get(self._key(f"node/{i}/1"))))
+        return Node(**json.loads(self.client.get(_keys.NODE_INFO.format(node=i, claim=1))))
 
     def _check_agree(self) -> None:
         for field, flag in (("nproc", "--nproc-per-node"), ("nnodes", "--nnodes")):
@@ -250,8 +248,8 @@ class Board:
         self._raise_on_verdict()
 
     def _raise_on_verdict(self) -> None:
-        if self.verdict is None and self.client.check([self._key("verdict")]):
-            self.verdict = Verdict.loads(self.client.get(self._key("verdict")))
+        if self.verdict is None and self.client.check([_keys.NODES_VERDICT]):
+            self.verdict = Verdict.loads(self.client.get(_keys.NODES_VERDICT))
         if self.verdict is not None:
             raise JoinError(self.verdict.text)
 
@@ -264,7 +262,7 @@ class Board:
         mine = Verdict(kind, self.index, text, lost)
         target = client or self.client
         try:
-            won = _bounded(lambda: target.compare_set(self._key("verdict"), "", mine.dumps()),
+            won = _bounded(lambda: target.compare_set(_keys.NODES_VERDICT, "", mine.dumps()),
                            CALL_S)
             self.verdict = Verdict.loads(won)
         except Exception:  # noqa: BLE001 - the store is gone; this launcher's word stands
@@ -297,14 +295,14 @@ class Board:
                 client = self._connect(CALL_S)
             counts = {}
             if self.index == 0:
-                counts = {i: int(client.add(self._key(f"beat/{i}"), 0)) for i in seen}
+                counts = {i: int(client.add(_keys.NODE_BEAT.format(node=i), 0)) for i in seen}
             else:
-                client.add(self._key(f"beat/{self.index}"), 1)
-            if not client.check([self._key("verdict")]):
+                client.add(_keys.NODE_BEAT.format(node=self.index), 1)
+            if not client.check([_keys.NODES_VERDICT]):
                 return counts, None
-            verdict = Verdict.loads(client.get(self._key("verdict")))
+            verdict = Verdict.loads(client.get(_keys.NODES_VERDICT))
             if self.index != 0:  # read: node 0 need not serve the store for us
-                client.add(self._key(f"beat/{self.index}"), DONE)
+                client.add(_keys.NODE_BEAT.format(node=self.index), DONE)
             return counts, verdict
 
         while not self._stop.wait(BEAT_S):
@@ -354,7 +352,7 @@ class Board:
         if self.verdict is not None and self.verdict.lost == 0:
             return  # node 0 is lost: there is nobody to tell
         with suppress(Exception):  # the store is gone: there is nobody to tell
-            _bounded(lambda: self.client.add(self._key(f"beat/{self.index}"), DONE), CALL_S)
+            _bounded(lambda: self.client.add(_keys.NODE_BEAT.format(node=self.index), DONE), CALL_S)
 
     def await_others(self, interrupted: Callable[[], bool] = lambda: False) -> bool:
         """Node 0, its ranks ended: keep serving the store until every other node is done
@@ -364,7 +362,7 @@ class Board:
         until = None
         while not interrupted():
             lost = self.verdict.lost if self.verdict is not None else None
-            keys = [self._key(f"beat/{i}") for i in range(1, self.nnodes) if i != lost]
+            keys = [_keys.NODE_BEAT.format(node=i) for i in range(1, self.nnodes) if i != lost]
             try:
                 if all(int(self.client.add(k, 0)) >= DONE for k in keys):
                     return self.verdict is None

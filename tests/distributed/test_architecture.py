@@ -1,0 +1,87 @@
+"""The map and the seams hold: docs/architecture.md lists exactly the modules on disk, store keys
+are built in ``_keys`` only, and only the control plane's store module reads a world's store."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from tensorplay.distributed import _keys
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "src" / "tensorplay" / "distributed"
+# where a store is met: the world that holds it, the control plane over it, the engines that
+# make it and the launcher that serves its own
+STORE_READERS = {"world.py", "_control_store.py"}
+STORE_FOLDERS = ("backends/", "launcher/")
+
+
+def _modules() -> list[str]:
+    return sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py"))
+
+
+def _documented() -> list[str]:
+    """The modules named in the first cell of a table row of docs/architecture.md."""
+    names = []
+    for line in (ROOT / "docs" / "architecture.md").read_text().splitlines():
+        if line.startswith("| `"):
+            names += re.findall(r"`([\w/]+\.py)`", line.split(" | ")[0])
+    return names
+
+
+def test_the_architecture_table_lists_exactly_the_modules_on_disk():
+    documented = _documented()
+    assert len(documented) == len(set(documented)), "a module is listed twice"
+    assert sorted(documented) == _modules()
+
+
+def _key_prefixes() -> set[str]:
+    """The first path part of every key template in _keys: 'check/', 'tensorplay-run/', ..."""
+    templates = [v for k, v in vars(_keys).items() if k.isupper() and isinstance(v, str)]
+    return {t.split("/", 1)[0] + "/" for t in templates if "/" in t}
+
+
+def _strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every string constant and the leading text of every f-string, docstrings left out."""
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+            and node.body and isinstance(node.body[0], ast.Expr)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr) and node.values:
+            head = node.values[0]
+            if isinstance(head, ast.Constant) and isinstance(head.value, str):
+                found.append((node.lineno, head.value))
+            docs.update(id(v) for v in node.values)
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in docs):
+            found.append((node.lineno, node.value))
+    return found
+
+
+def test_store_keys_are_built_in_keys_only():
+    prefixes = _key_prefixes()
+    assert {"check/", "elastic/", "recover/", "exchange/", "tensorplay-run/"} <= prefixes
+    built = [f"{name}:{line}: {text!r}" for name in _modules() if name != "_keys.py"
+             for line, text in _strings(ast.parse((PACKAGE / name).read_text()))
+             if text.startswith(tuple(prefixes))]
+    assert not built, built
+
+
+def test_the_key_finder_finds_a_key_built_elsewhere():
+    tree = ast.parse('"""check/ in a docstring is fine"""\nk = f"recover/e{epoch}/here"\n'
+                     'j = "tensorplay-run/verdict"\n')
+    texts = [t for _, t in _strings(tree) if t.startswith(tuple(_key_prefixes()))]
+    assert texts == ["recover/e", "tensorplay-run/verdict"]
+
+
+def test_only_the_control_plane_reads_a_worlds_store():
+    readers = set()
+    for name in _modules():
+        if name in STORE_READERS or name.startswith(STORE_FOLDERS):
+            continue
+        tree = ast.parse((PACKAGE / name).read_text())
+        if any(isinstance(n, ast.Attribute) and n.attr == "store" for n in ast.walk(tree)):
+            readers.add(name)
+    assert not readers, f"read .store above the control plane: {sorted(readers)}"
