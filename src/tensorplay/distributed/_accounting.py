@@ -11,8 +11,9 @@ compared over the world's control plane (``_control``) when the job ends or fail
   they differ. A member still missing then is only logged (one line for all such groups): it
   may be slow to finish, or stuck in the stray call, which it reports itself:
 - a collective that fails (a peer left while this rank still waited in it): on a control plane
-  that is a ``Board`` (a store, which any rank may read at any time), the rank posts its counts
-  and compares them with those posted, so the rank that made the extra call names itself.
+  that is a ``Board`` (a store, which any rank may read at any time), the rank posts its count
+  of that group and compares it with those posted (at their end, or after the same failure),
+  so the rank that made the extra call names itself.
 
 On the (2, 4) mesh of the main job, rank 0 calling all_reduce on "tp" once more than ranks 1-3
 ends with: "rank 0 made 11 collective calls on the 'tp' group [0-3]; ranks 1-3 made 10".
@@ -70,22 +71,31 @@ def check_at_end(world: World) -> None:
 
 
 def check_after_failure(world: World, group: ProcessGroup) -> CallMismatchError | None:
-    """After a collective on ``group`` failed: post this rank's counts and compare with those
-    posted; the error naming who made more or fewer calls, or None (also where the control
-    plane is no Board: it cannot be read out of step)."""
+    """After a collective on ``group`` failed: post this rank's count of ``group`` and compare
+    it with the members' counts posted so far (after a failure of their own on ``group``, or
+    at their end); the error naming who made more or fewer calls, or None (also where the
+    control plane is no Board: it cannot be read out of step).
+
+    Only ``group``'s count is posted: a rank that fails here may have made fewer calls on its
+    other groups than their members only because it stops now."""
     control = world.control
     if not isinstance(control, Board) or group.size() > _LARGEST or _store_gone():
         return None
     key = world.spmd.key
+    failed = [key(_keys.CALLS_AFTER_FAILURE, group=group.name, rank=r) for r in group.ranks]
+    ended = [key(_keys.EXCHANGE, name=EXCHANGE, rank=r) for r in group.ranks]
     try:
         with control.briefly():
-            control.post(key(_keys.EXCHANGE, name=EXCHANGE, rank=world.rank),
-                         _counts(_mine(world)))
-            texts = control.peek([key(_keys.EXCHANGE, name=EXCHANGE, rank=r)
-                                  for r in group.ranks])
+            control.post(failed[group.rank()], str(group.calls))
+            after, at_end = control.peek(failed), control.peek(ended)
     except (RuntimeError, OSError):  # the store is gone: nothing to compare
         return None
-    posted = {r: json.loads(t) for r, t in zip(group.ranks, texts, strict=True) if t is not None}
+    posted: dict[int, dict[str, int]] = {}
+    for member, count, counts in zip(group.ranks, after, at_end, strict=True):
+        if count is not None:
+            posted[member] = {group.name: int(count)}
+        elif counts is not None:
+            posted[member] = json.loads(counts)
     return _compare(group, posted, [])
 
 

@@ -36,6 +36,7 @@ CHECK_REQUEST = "check/{n}/request/{rank}"  # a request's JSON text, posted only
 BARRIER_MARK = "barrier/{group}/{n}/{rank}"  # a member's arrival at a lasting barrier
 BARRIER_COUNT = "barrier/{group}"  # the Spmd counter of one group's blocking barriers
 EXCHANGE = "exchange/{name}/{rank}"  # a rank's text in a Control.exchange ("calls": its counts)
+CALLS_AFTER_FAILURE = "calls/{group}/{rank}"  # a member's count of a group whose call failed
 LEFT = "left/{rank}"  # a rank is done with the store (rank 0 waits for these before it closes)
 FAILED = "failed/{rank}"  # a rank raised RankFailedError: it saw a loss, it is not one (if gone)
 
