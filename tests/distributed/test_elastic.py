@@ -8,9 +8,10 @@ import json
 import pytest
 
 import tensorplay.distributed as dist
-from tensorplay.distributed import _elastic, _keys
+from tensorplay.distributed import _keys
 from tensorplay.distributed._control_store import StoreBoard
-from tensorplay.distributed._elastic import Elastic
+from tensorplay.distributed.elastic import chain as _elastic
+from tensorplay.distributed.elastic.chain import Elastic
 from tensorplay.distributed.errors import (
     ArgumentError,
     DistributedTimeoutError,

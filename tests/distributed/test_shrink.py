@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tensorplay.distributed import ShrinkError
-from tensorplay.distributed._shrink import Shrunk, shrink
+from tensorplay.distributed.elastic.shrink import Shrunk, shrink
 
 
 def test_a_lost_rank_removes_its_dp_slice_and_its_healthy_peers_become_spares():
@@ -39,7 +39,7 @@ def test_a_mesh_may_shrink_to_one_slice_but_not_below_its_minimum():
 
 
 def test_grow_puts_back_only_the_slices_whose_ranks_are_all_present():
-    from tensorplay.distributed._shrink import grow
+    from tensorplay.distributed.elastic.shrink import grow
 
     assert grow((2, 4), range(8), 0, range(8)) == ((2, 4), tuple(range(8)))
     assert grow((2, 4), range(8), 0, {0, 1, 2, 3, 4, 6, 7}) == ((1, 4), (0, 1, 2, 3))
@@ -49,7 +49,7 @@ def test_grow_puts_back_only_the_slices_whose_ranks_are_all_present():
 
 
 def test_shrink_then_grow_returns_the_full_mesh():
-    from tensorplay.distributed._shrink import grow
+    from tensorplay.distributed.elastic.shrink import grow
 
     shrunk = shrink((2, 4), range(8), 0, {5})
     back = grow((2, 4), range(8), 0, set(shrunk.ranks) | set(shrunk.spares) | {5})

@@ -19,7 +19,7 @@ def _rounds(rank: int, port: int) -> dict[str, object]:
 
     from tensorplay.distributed import ShrinkError, StaleEpochError
     from tensorplay.distributed._control_store import StoreBoard
-    from tensorplay.distributed._survivors import agree_lost
+    from tensorplay.distributed.elastic.survivors import agree_lost
 
     board = StoreBoard(tdist.TCPStore("127.0.0.1", port, None, False,
                                       timeout=timedelta(seconds=30)))

@@ -48,15 +48,12 @@ FIX_FAILED = (
     "kill, a signal) and fix that; then restart the whole job (a world with a dead rank "
     "cannot be repaired)."
 )
-FIX_ELASTIC = (
-    "Fix: on an elastic mesh, call mesh = mesh.recover(err) on every survivor; it agrees on "
-    "the lost ranks and goes on without them."
-)
 
 
 def fix_failed(world: World) -> str:
-    """The advice after a lost rank: restart the job, or recover an elastic mesh."""
-    return FIX_ELASTIC if world.elastic is not None else FIX_FAILED
+    """The advice after a lost rank: restart the job, or what the layer that recovers from
+    losses says (``World.expect_losses``: recover an elastic mesh)."""
+    return world.recovery_fix or FIX_FAILED
 
 
 FIX_LATE = (
@@ -112,9 +109,9 @@ def collective_error(world: World, err: BaseException, what: str,
     kind = world.engine.classify(err)
     said = engine_said(err)
     where = f"{what} on {group.label}"
-    # peers that finished left this call waiting? A call count that differs says so (not on
-    # an elastic mesh: there a loss is expected, and recovered)
-    if kind in ("peer_lost", "timeout") and world.elastic is None:
+    # peers that finished left this call waiting? A call count that differs says so (not
+    # where a layer recovers from losses: there a loss is expected)
+    if kind in ("peer_lost", "timeout") and world.recovery_fix is None:
         stray = _accounting.check_after_failure(world, group)
         if stray is not None:
             return stray

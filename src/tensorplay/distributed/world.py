@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _accounting, _env, _keys, _progress, backends
 from ._control_gather import GatherControl, SoloControl
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ._topology import Hosts
 
 log = logging.getLogger("tensorplay.distributed")
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -74,9 +75,12 @@ class World:
     _groups: dict[tuple, ProcessGroup] = field(default_factory=dict)
     _flattened: dict[tuple, dict[str, tuple]] = field(default_factory=dict)
     _native: dict[Any, Any] = field(default_factory=dict)  # mesh value -> engine's mesh
-    present: list[int] | None = None  # ranks still in an elastic job (None: all of them)
-    elastic: tuple[int, ...] | None = None  # shape of the newest elastic mesh, if any
-    watching: bool = False  # the elastic watcher runs (``_elastic.watch``)
+    present: list[int] | None = None  # ranks still in the job after an epoch change (None: all)
+    # what a layer over the core keeps here (``layer``), its calls at destroy (``at_destroy``)
+    # and its advice after a lost rank (``expect_losses``): the elastic layer uses all three
+    _layers: dict[str, Any] = field(default_factory=dict)
+    _at_destroy: list[Callable[[], None]] = field(default_factory=list)
+    recovery_fix: str | None = None
 
     def __post_init__(self) -> None:
         self.control = control_for(self)
@@ -134,6 +138,29 @@ class World:
                 group.ops = StrictOps(group.ops, group)
         self._groups[(ranks.key(), backend)] = group
         return group
+
+    def layer(self, name: str, make: Callable[[], T]) -> T:
+        """The state a layer over the core keeps in this world under ``name``, made by
+        ``make()`` on first use (the elastic layer's session, one per world)."""
+        if name not in self._layers:
+            self._layers[name] = make()
+        return self._layers[name]
+
+    def at_destroy(self, call: Callable[[], None]) -> None:
+        """Run ``call()`` at destroy_process_group(), before the call counts are compared
+        (a store error in it is ignored: the job is ending)."""
+        self._at_destroy.append(call)
+
+    def expect_losses(self, fix: str) -> None:
+        """A layer recovers from lost ranks here: errors naming a loss advise ``fix``, and a
+        collective that lost a peer is not blamed on a stray call."""
+        self.recovery_fix = fix
+
+    def note_pid(self, rank: int, pid: int) -> None:
+        """``rank`` now runs as process ``pid`` on this host (a replacement admitted): the
+        death watch looks at it."""
+        if self.host_pids is not None:
+            self.host_pids[rank] = pid
 
     def members(self) -> Sequence[int]:
         """The ranks that take part in cross-rank checks: every rank (a range, O(1)), or after
@@ -491,13 +518,9 @@ def destroy_process_group() -> None:
     global _WORLD
     world = current_world("destroy_process_group()")
     _WORLD = None
-    if world.elastic is not None:  # ranks waiting to join leave
-        from . import _elastic
-
-        if world.rank in world.members():
-            with suppress(RuntimeError, OSError):
-                _elastic.finish(_elastic.board_of(world), world.spmd.epoch, world.elastic,
-                                list(world.members()))
+    for call in world._at_destroy:
+        with suppress(RuntimeError, OSError):
+            call()
     try:
         with named_failures(world, "destroy_process_group(): comparing collective call counts"):
             _accounting.check_at_end(world)

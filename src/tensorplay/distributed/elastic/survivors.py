@@ -29,11 +29,11 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from . import _keys
-from .errors import ShrinkError, StaleEpochError, format_ranks
+from .. import _keys
+from ..errors import ShrinkError, StaleEpochError, format_ranks
 
 if TYPE_CHECKING:
-    from ._control import Board
+    from .._control import Board
 
 POLL_S = 0.05
 SUSPECT_GRACE_S = 3.0  # a suspected rank (not seen dead) that is alive has this long to say so

@@ -1,12 +1,12 @@
-"""The chain of epochs of an elastic mesh, kept in the job's store: who is in each epoch.
+"""The chain of epochs of an elastic mesh, kept on the world's Board: who is in each epoch.
 
 An elastic mesh (``init_device_mesh(..., elastic="dp")``) lives through epochs. Epoch k ends
-in exactly one way, written once (``compare_set``) under ``elastic/e<k>/next``: the next
+in exactly one way, written once (``Board.decide``) under ``elastic/e<k>/next``: the next
 epoch's mesh (shape, ranks, the ranks that join it fresh), or the end of the job (why). Every
 rank that moves on reads the same record, so nobody's own view changes the membership:
 
 - a recovery (``mesh.recover(err)``) writes the shrunk mesh once the survivors agreed on the
-  lost ranks (``_survivors``);
+  lost ranks (``survivors``);
 - a grow poll (``mesh.grow()``, every member at the same point of its loop) writes the grown
   mesh when ranks wait to join (``elastic/want/<rank>``: a replacement the launcher started, a
   spare of a removed slice) and every rank of a removed slice is there again;
@@ -29,23 +29,20 @@ member to arrive also checks the missing ranks' want keys); nothing here is O(wo
 from __future__ import annotations
 
 import json
-import threading
 import time
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import _keys
-from ._control import Board
-from ._engine import Severable
-from ._shrink import grow
-from .errors import DistributedTimeoutError, ShrinkError
+from .. import _keys
+from .._control import Board
+from .._engine import Severable
+from ..errors import DistributedTimeoutError, ShrinkError
+from .shrink import grow
 
 if TYPE_CHECKING:
-    from .world import World
+    from ..world import World
 
 POLL_S = 0.05  # how often a waiting rank reads the chain
-WATCH_S = 0.2  # how often each rank looks for a recovery begun elsewhere (per 1,000 ranks)
 
 
 @dataclass(frozen=True)
@@ -173,32 +170,3 @@ def recovering(board: Board, epoch: int, rank: int) -> None:
     watcher then breaks its connections of that epoch, so none stays blocked in a collective
     with a peer that is stalled, or itself blocked elsewhere."""
     board.post(_keys.ELASTIC_RECOVERING.format(epoch=epoch), str(rank))
-
-
-def watch(world: World) -> None:
-    """Start this rank's watcher (once per world): when a recovery of the current epoch begins
-    anywhere, break this rank's groups of that epoch (``World.sever_epoch``). A rank blocked
-    in a collective whose peer never comes (stalled, or blocked itself) then fails at once
-    and comes to the recovery, instead of waiting out its timeout and being declared lost.
-
-    One ``check`` on its own store connection every WATCH_S (x world size / 1,000): 40
-    requests a second at the store for 8 ranks, 5,000 for 100,000 ranks (every 20 s each).
-    """
-    if world.watching:
-        return
-    world.watching = True
-    board = board_of(world).clone()
-    every = WATCH_S * max(1.0, world.size / 1000)
-
-    def run() -> None:
-        while world.alive:
-            epoch = world.spmd.epoch
-            with suppress(Exception):  # the store gone: the main thread will say so
-                if board.peek([_keys.ELASTIC_RECOVERING.format(epoch=epoch)])[0] is not None:
-                    world.sever_epoch(epoch)
-                    while world.alive and world.spmd.epoch == epoch:
-                        time.sleep(every)
-                    continue
-            time.sleep(every)
-
-    threading.Thread(target=run, daemon=True, name="tensorplay elastic watch").start()

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .errors import ShrinkError, format_ranks
+from ..errors import ShrinkError, format_ranks
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,273 @@
+"""The elastic mesh: a DeviceMesh that changes shape. ``init`` makes one (the one branch of
+``init_device_mesh`` that leads here); recover (shrink after a loss), grow (admit waiting
+ranks), join (a restarted rank's first mesh) each end in ``enter``: a new epoch, new groups;
+``sync_replicas`` fills the ranks that joined.
+
+recover, on every survivor after a RankFailedError (or a timeout):
+
+1. say a recovery began (``chain.recovering``: every rank's watcher breaks its groups of
+   this epoch) and close this rank's groups of the failed epoch, connections first
+   (``World.close_epoch(sever=True)``): a rank blocked in one of them fails at once
+   ("Connection closed by peer") and comes to the recovery too, instead of waiting out its
+   timeout (a rank in a "dp" group with a survivor of the broken "tp" row would otherwise
+   wait for ever);
+2. ``survivors.agree_lost``: the same lost ranks on every survivor, decided once on the Board;
+3. ``shrink.shrink``: the slices of the elastic dim holding a lost rank removed (below the
+   minimum: ShrinkError on every survivor, and the job's end written for ranks waiting);
+4. the shrunk mesh written as what follows this epoch (``chain.next_of``), then entered.
+
+Worked example, 8 gloo ranks, (2, 4) named ("dp", "tp"), elastic "dp", rank 5 SIGKILLed:
+ranks 4, 6, 7 (its "tp" row) and 1 (its "dp" pair) fail at once and close their groups; 0, 2
+and 3, blocked in "dp" reductions with 4, 6, 7, fail next. All seven agree on [5]; the mesh of
+epoch 1 is (1, 4) over [0, 1, 2, 3]; 4, 6 and 7 are spares (get_coordinate() is None) and wait
+in ``mesh.grow()``. When rank 5's replacement waits too, the members' next grow() poll opens
+epoch 2 at (2, 4) with 4-7 fresh; ``sync_replicas`` copies the state to them along "dp".
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from .. import _env
+from .._consensus import agree
+from .._failures import dead_on_this_host
+from .._mesh import DeviceMesh, _laid_out, _make_groups, _not_elastic
+from .._mesh_spec import MeshSpec
+from ..errors import (
+    ArgumentError,
+    NotAMemberError,
+    ShrinkError,
+    StaleEpochError,
+    bad_argument,
+    format_ranks,
+)
+from ..world import World
+from . import chain
+from .chain import Elastic
+from .session import Session, session_of
+from .shrink import shrink
+from .survivors import agree_lost
+
+WAIT_S = 5.0  # a rank not seen dead that never comes to the recovery is lost after this
+
+
+class ElasticMesh(DeviceMesh):
+    """A DeviceMesh whose elastic dim's slices may be lost and put back (one epoch each).
+
+    Like every mesh a frozen value; ``recover`` and ``grow`` return the mesh of the next
+    epoch (or this one). Its slices and flattened views are plain meshes of its epoch.
+    """
+
+    __slots__ = ("_plan", "_session")
+
+    @classmethod
+    def _elastic(cls, world: World, device: str, spec: MeshSpec, backends: tuple[str, ...],
+                 groups: tuple[Any, ...], plan: Elastic, session: Session) -> ElasticMesh:
+        mesh = cls._make(world, device, spec, spec, backends, groups)
+        assert isinstance(mesh, ElasticMesh)
+        object.__setattr__(mesh, "_plan", plan)
+        object.__setattr__(mesh, "_session", session)
+        return mesh
+
+    @property
+    def epoch(self) -> int:
+        """0 at init_device_mesh, one more at each recover() or grow() that changed it."""
+        return self._plan.epoch
+
+    @property
+    def fresh_ranks(self) -> list[int]:
+        """The ranks that joined this elastic mesh at its epoch and hold no training state
+        yet (a replacement, a spare back in its slice): ``sync_replicas`` fills them."""
+        return list(self._plan.fresh)
+
+    def recover(self, err: BaseException) -> DeviceMesh:
+        """The elastic mesh without the slices of its elastic dim that held a lost rank.
+
+        Call it on every survivor after a RankFailedError or DistributedTimeoutError caught
+        in a step (``err``: what was caught; the ranks it names are suspects only). The
+        survivors agree on the lost ranks on the world's Board, the same set on every one;
+        the groups of the old epoch are closed; the new mesh's groups are made by its members.
+        On (2, 4) ("dp", "tp") with elastic "dp", rank 5 lost: every survivor gets (1, 4) over
+        [0, 1, 2, 3]; ranks 4, 6, 7 get a mesh that does not hold them (spares: they wait in
+        ``grow()`` or leave). Raises ShrinkError on every survivor below ``elastic_min`` or
+        without a majority, StaleEpochError on a rank the others already declared lost.
+        """
+        self._alive("recover()")
+        return recover(self, err)
+
+    def grow(self) -> DeviceMesh:
+        """This elastic mesh, or the mesh grown back with ranks waiting to join.
+
+        Members call it at the same point of every step (SPMD; it costs one store round
+        trip): all get the same answer. When a restarted rank and the spares of its removed
+        slice all wait, the mesh returns to that slice (a new epoch, new groups; the joiners
+        are ``fresh_ranks``). On a spare it waits until its slice is filled again.
+        """
+        self._alive("grow()")
+        return grow(self)
+
+    def _next(self, spec: MeshSpec, plan: Elastic) -> ElasticMesh:
+        """The mesh of a new epoch: ``spec``'s groups made in the current epoch (by their
+        members: none outside the mesh), this mesh's device and backends."""
+        return ElasticMesh._elastic(self._world, self._device_type, spec, self._backends,
+                                    _make_groups(self._world, spec, self._backends), plan,
+                                    self._session)
+
+
+def init(world: World, device: str, shape: tuple[int, ...], names: tuple[str, ...] | None,
+         backends: tuple[str, ...], host_aware: bool, replicas: tuple[int, int],
+         given: object) -> ElasticMesh:
+    """``init_device_mesh(..., elastic=...)`` once its arguments are checked: the elastic
+    mesh of epoch 0, or on a rank tensorplay-run restarted, the mesh of the epoch the members
+    admit it to (its peers are far past the cross-rank check, so it skips it)."""
+    refused = chain.elastic_refused(world)
+    if refused is not None:
+        raise bad_argument("elastic", given, refused,
+                           "use backend 'gloo' or 'nccl' for an elastic mesh")
+    joining = _env.rank_restart_count() > 0
+    if not joining:
+        agree(world, "init_device_mesh()", {
+            "device_type": device, "mesh_shape": shape, "mesh_dim_names": names,
+            "backend_override": backends, "host_aware": host_aware, "elastic": replicas,
+        })
+    spec = _laid_out(world, device, shape, names, host_aware)
+    plan = Elastic(replicas[0], replicas[1], shape, tuple(spec.ranks().tolist()))
+    world.engine.prepare_elastic()  # type: ignore[attr-defined]  # Severable: refused above
+    session = session_of(world)
+    session.shape = shape
+    if joining:
+        like = ElasticMesh._elastic(world, device, spec, backends, (), plan, session)
+        return join(world, like, plan)
+    return ElasticMesh._elastic(world, device, spec, backends,
+                                _make_groups(world, spec, backends), plan, session)
+
+
+def plan_of(mesh: DeviceMesh, what: str) -> Elastic:
+    """The mesh's elastic plan, or the error saying the mesh is not elastic."""
+    if not isinstance(mesh, ElasticMesh):
+        raise _not_elastic(mesh, what)
+    return mesh._plan
+
+
+def sync_replicas(mesh: DeviceMesh, tensors: Sequence[Any]) -> None:
+    """Bring the fresh ranks of an elastic mesh in line: each tensor broadcast along the
+    elastic dim from the first member of this rank's replica group that is not fresh.
+
+    Call it on every member after ``recover()`` or ``grow()`` returned a new mesh (and on a
+    joiner after init_device_mesh), with the same tensors in the same order: torch tensors or
+    numpy arrays, in place. On (2, 4) ("dp", "tp") grown back with ranks 4-7 fresh, rank 5's
+    tensors come from rank 1 over the "dp" group [1, 5]; a group without a fresh rank moves
+    nothing. O(state size) per fresh rank.
+    """
+    from ..collectives import broadcast
+
+    plan = plan_of(mesh, "sync_replicas()")
+    fresh = set(plan.fresh)
+    if not fresh or mesh.get_coordinate() is None:
+        return
+    group = mesh.get_group(plan.dim)
+    if not fresh & set(group.ranks):
+        return
+    sources = [r for r in group.ranks if r not in fresh]
+    if not sources:
+        raise ArgumentError(
+            f"sync_replicas(): every member of {group.label} joined at epoch {plan.epoch}, so "
+            f"none holds the training state. Fix: restore it from a checkpoint instead")
+    for tensor in tensors:
+        broadcast(tensor, sources[0], group=group)
+
+
+def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float = WAIT_S,
+            timeout_s: float | None = None) -> DeviceMesh:
+    """The mesh without the slices that held a lost rank (see the module docstring)."""
+    plan, world, spec = mesh._plan, mesh._world, mesh._spec
+    if spec.coordinate_of(world.rank) is None:
+        raise NotAMemberError(
+            f"recover(): rank {world.rank} is a spare, not in the mesh of epoch {plan.epoch}. "
+            f"Fix: a spare waits in mesh.grow() until its slice is filled again")
+    board = chain.board_of(world)
+    chain.recovering(board, plan.epoch, world.rank)
+    closed = world.close_epoch(f"was closed by the recovery after a failure in epoch "
+                               f"{plan.epoch}", sever=True)
+    _let_go(err)  # the failed call's frames let go of its engine group; this thread keeps
+    world.let_go(closed)  # the last reference, dropped on another (see World.let_go)
+    suspects = getattr(err, "ranks", None) or getattr(err, "missing", None) or []
+    members = spec.ranks().tolist()
+    limit = world.timeout.total_seconds() if timeout_s is None else timeout_s
+    try:
+        lost = agree_lost(board, plan.epoch, world.rank, members, suspects,
+                          wait_s=wait_s, timeout_s=limit,
+                          dead=lambda: [r for r, _ in dead_on_this_host(world, 0.0)])
+        names = spec.names
+        shrunk = shrink(spec.shape, members, plan.dim, lost, minimum=plan.minimum,
+                        dim_name=names[plan.dim] if names else None)
+    except ShrinkError as failure:
+        chain.end(board, plan.epoch, str(failure))
+        raise
+    decision = chain.next_of(board, plan.epoch, {
+        "epoch": plan.epoch + 1, "shape": list(shrunk.shape), "ranks": list(shrunk.ranks),
+        "lost": list(shrunk.lost), "spares": list(shrunk.spares)})
+    return enter(world, mesh, plan, decision)
+
+
+def _let_go(err: BaseException | None) -> None:
+    """Clear the finished frames of ``err``'s tracebacks (and of its causes): they hold the
+    failed call's engine group, which would otherwise live (threads, sockets, buffers) as long
+    as the caller keeps ``err``, however long the job trains on."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        traceback.clear_frames(err.__traceback__)
+        err = err.__cause__ or err.__context__
+
+
+def grow(mesh: ElasticMesh) -> DeviceMesh:
+    """On a member: this mesh, or the grown mesh when waiting ranks complete a removed slice
+    (decided once per call for every member). On a spare: wait until admitted, or until the
+    members finished (then the last mesh, which still does not hold it)."""
+    plan, world = mesh._plan, mesh._world
+    if mesh._spec.coordinate_of(world.rank) is None:
+        decision = chain.await_admission(chain.board_of(world), world.rank, token(),
+                                            plan.epoch, world.timeout.total_seconds())
+        return enter(world, mesh, plan, decision)
+    n = world.spmd.next("elastic-poll")
+    board = chain.board_of(world)
+    grown = chain.poll(board, plan, n, set(mesh._spec.ranks().tolist()))
+    if grown is None:
+        return mesh
+    return enter(world, mesh, plan, chain.next_of(board, plan.epoch, grown))
+
+
+def join(world: World, like: ElasticMesh, plan: Elastic) -> ElasticMesh:
+    """A restarted rank's mesh: wait until the members admit it, then enter that epoch.
+    ``like`` carries the device, names and backends (a mesh of no groups, never used)."""
+    decision = chain.await_admission(chain.board_of(world), world.rank, token(), 0,
+                                        world.timeout.total_seconds())
+    return enter(world, like, plan, decision)
+
+
+def token() -> str:
+    """How a waiting process names itself: "<pid> <host>" (members learn its pid from it)."""
+    return f"{os.getpid()} {_env.hostname()}"
+
+
+def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, Any]
+          ) -> ElasticMesh:
+    """The mesh of the epoch ``decision`` opens, with its groups made afresh."""
+    if "end" in decision:
+        raise ShrinkError(decision["end"])
+    spec = MeshSpec.from_ranks(tuple(decision["shape"]), decision["ranks"], mesh._spec.names)
+    if "finished" in decision:  # a waiting rank: the last mesh, without it; no groups
+        return mesh._next(spec, plan.at(decision))
+    if world.rank in decision.get("lost", ()):
+        raise StaleEpochError(
+            f"rank {world.rank} is still in epoch {plan.epoch}, but the others agreed it was "
+            f"lost (lost: {format_ranks(decision['lost'])}) and went on to epoch "
+            f"{decision['epoch']} without it; it must leave. Fix: make it reach the recovery "
+            f"sooner (a rank stalled this long counts as lost)")
+    world.open_epoch(decision["epoch"], present=decision["ranks"])
+    mesh._session.entered(decision)
+    return mesh._next(spec, plan.at(decision))
