@@ -30,8 +30,8 @@ from ._control import Board
 from .errors import CallMismatchError, rank_words
 
 if TYPE_CHECKING:
+    from ._context import JobContext
     from .process_group import ProcessGroup
-    from .world import World
 
 log = logging.getLogger("tensorplay.distributed")
 GRACE_S = 2.0  # how long a group's first member waits for the others' counts at the end
@@ -43,11 +43,11 @@ def _counts(groups: list[ProcessGroup]) -> str:
     return json.dumps({g.name: g.calls for g in groups})
 
 
-def _mine(world: World) -> list[ProcessGroup]:
+def _mine(world: JobContext) -> list[ProcessGroup]:
     return [g for g in world.groups() if g.is_member and g.size() > 1 and not g.retired]
 
 
-def check_at_end(world: World) -> None:
+def check_at_end(world: JobContext) -> None:
     """At destroy: post every count; each group's first member compares its group's counts.
 
     Raises CallMismatchError for the first group whose counts differ.
@@ -70,7 +70,7 @@ def check_at_end(world: World) -> None:
         world.control.leave(grace)
 
 
-def check_after_failure(world: World, group: ProcessGroup) -> CallMismatchError | None:
+def check_after_failure(world: JobContext, group: ProcessGroup) -> CallMismatchError | None:
     """After a collective on ``group`` failed: post this rank's count of ``group`` and compare
     it with the members' counts posted so far (after a failure of their own on ``group``, or
     at their end); the error naming who made more or fewer calls, or None (also where the

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 from .errors import MeshMismatchError
 
 if TYPE_CHECKING:
-    from .world import World
+    from ._context import JobContext
 
 SHOWN_VALUES = 8  # distinct requests a mismatch error spells out; the rest are counted
 
 
-def agree(world: World, what: str, request: dict[str, object]) -> None:
+def agree(world: JobContext, what: str, request: dict[str, object]) -> None:
     """Return when every rank of ``world`` passed an equal ``request`` to ``what``.
 
     Raises MeshMismatchError (same text on every rank) when they differ,

@@ -19,8 +19,8 @@ from ._failures import named_failures
 from ._topology import Hosts, hosts_from_names
 
 if TYPE_CHECKING:
+    from ._context import JobContext
     from ._engine import GathersText
-    from .world import World
 
 
 # -- a world where nobody else can disagree ---------------------------------------------------
@@ -28,7 +28,7 @@ class SoloControl:
     """A simulated world (any rank of any size, alone in this process) or a world of one rank:
     every tally agrees, nothing is exchanged, every rank is on this host."""
 
-    def __init__(self, world: World):
+    def __init__(self, world: JobContext):
         self._world = world
 
     def tally(self, step: str, text: str) -> Tally:
@@ -64,7 +64,7 @@ class GatherControl:
     (``GathersText.allgather_text``), whose waits are the engine's, bounded by the world's timeout.
     O(world size) text per rank per call: fine for what runs once per mesh or per job."""
 
-    def __init__(self, world: World, engine: GathersText):
+    def __init__(self, world: JobContext, engine: GathersText):
         self._world, self._engine = world, engine
         self._hosts: Hosts | None = None
 

@@ -35,8 +35,8 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from ._context import JobContext
     from ._engine import Store
-    from .world import World
 
 
 class StoreBoard:
@@ -95,7 +95,7 @@ class StoreControl(StoreBoard):
     - a store that cannot be reached names the rank or launcher that serves it.
     """
 
-    def __init__(self, world: World, store: Store):
+    def __init__(self, world: JobContext, store: Store):
         super().__init__(store)
         self._world = world
 

@@ -38,8 +38,8 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from ._context import JobContext
     from .process_group import ProcessGroup
-    from .world import World
 
 WATCH_S = 0.2  # how often a waiting rank looks for dead ranks on its host
 DEATH_GRACE_S = 1.0  # a peer's socket closes a moment before its process is reaped
@@ -50,7 +50,7 @@ FIX_FAILED = (
 )
 
 
-def fix_failed(world: World) -> str:
+def fix_failed(world: JobContext) -> str:
     """The advice after a lost rank: restart the job, or what the layer that recovers from
     losses says (``World.expect_losses``: recover an elastic mesh)."""
     return world.recovery_fix or FIX_FAILED
@@ -80,7 +80,7 @@ def engine_said(err: BaseException) -> str:
 
 
 @contextmanager
-def named_failures(world: World, step: str) -> Iterator[None]:
+def named_failures(world: JobContext, step: str) -> Iterator[None]:
     """Inside the block, turn engine and store failures into our errors naming the lost ranks.
 
     For work that follows a check, such as creating a mesh's groups:
@@ -103,7 +103,7 @@ def named_failures(world: World, step: str) -> Iterator[None]:
         raise diagnose(world, step, err, kind == "timeout") from err
 
 
-def collective_error(world: World, err: BaseException, what: str,
+def collective_error(world: JobContext, err: BaseException, what: str,
                      group: ProcessGroup) -> Exception:
     """The error for collective ``what`` on ``group`` that failed with the engine's ``err``."""
     kind = world.engine.classify(err)
@@ -123,7 +123,7 @@ def collective_error(world: World, err: BaseException, what: str,
     return BackendError(f"{where} failed: {str(err)[:500]}")
 
 
-def store_call(world: World, step: str, call: Callable[[], Any]) -> Any:
+def store_call(world: JobContext, step: str, call: Callable[[], Any]) -> Any:
     """Run one store operation; a failure means the store's server (rank 0 for env:// and
     tcp://, the launcher of node 0 under tensorplay-run and torchrun) is gone."""
     try:
@@ -144,7 +144,7 @@ def store_call(world: World, step: str, call: Callable[[], Any]) -> Any:
 
 
 def diagnose(
-    world: World,
+    world: JobContext,
     step: str,
     err: BaseException | None,
     timed_out: bool,
@@ -169,7 +169,7 @@ def diagnose(
     return _worded(world, step, said, dead, missing, store_gone, timed_out)
 
 
-def _worded(world: World, step: str, said: str, dead: list[Dead], missing: list[int] | None,
+def _worded(world: JobContext, step: str, said: str, dead: list[Dead], missing: list[int] | None,
             store_gone: RankFailedError | None, timed_out: bool) -> DistributedError:
     """diagnose's error, from what it found."""
     never = f"{rank_words(missing)} never arrived at it" if missing else ""
@@ -203,7 +203,7 @@ def _worded(world: World, step: str, said: str, dead: list[Dead], missing: list[
 
 
 @contextmanager
-def death_watch(world: World, notify: Callable[[list[Dead]], None],
+def death_watch(world: JobContext, notify: Callable[[list[Dead]], None],
                 notify_lost: Callable[[str, list[int]], None] | None = None) -> Iterator[None]:
     """Inside the block, watch this host's other ranks; on the first deaths call
     ``notify(dead)`` once, from a watcher thread (it must not use the waiting connection).
@@ -251,7 +251,7 @@ def read_verdict() -> dict | None:
         return None
 
 
-def unless_told(step: str | Callable[[], str], world: World, backend: str,
+def unless_told(step: str | Callable[[], str], world: JobContext, backend: str,
                 call: Callable[[], T]) -> T:
     """``call()``, or RankFailedError with the launcher's words as soon as it writes a verdict
     (a node lost, a failure elsewhere) while the call still waits.
@@ -293,7 +293,7 @@ def unless_told(step: str | Callable[[], str], world: World, backend: str,
     return box["value"]
 
 
-def _not_failed(world: World, gone: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def _not_failed(world: JobContext, gone: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Of the ranks gone from this host, those that did not end after raising RankFailedError
     themselves (``_mark_failed``): on a (2, 4) mesh where rank 5 died, rank 4 raises naming 5
     and ends; rank 0, whose dp peer is 4, fails after that and finds 4 and 5 gone, but only 5
@@ -310,7 +310,7 @@ def _not_failed(world: World, gone: list[tuple[int, int]]) -> list[tuple[int, in
     return [pair for pair, mark in zip(gone, marks, strict=True) if mark is None]
 
 
-def _mark_failed(world: World) -> None:
+def _mark_failed(world: JobContext) -> None:
     """Say on the control plane's board that this rank raised RankFailedError, before it may
     end (read by ``_not_failed`` on the ranks of its host)."""
     control = world.control
@@ -320,7 +320,7 @@ def _mark_failed(world: World) -> None:
         control.post(world.spmd.key(_keys.FAILED, rank=world.rank), "1")
 
 
-def dead_on_this_host(world: World, wait_s: float) -> list[tuple[int, int]]:
+def dead_on_this_host(world: JobContext, wait_s: float) -> list[tuple[int, int]]:
     """(rank, pid) of the other ranks of this host whose process has gone.
 
     A peer's sockets close just before its process becomes a zombie, so when ``wait_s`` > 0

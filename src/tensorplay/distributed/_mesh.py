@@ -49,6 +49,12 @@ class DeviceMesh:
     """
 
     __slots__ = ("_world", "_device_type", "_spec", "_root", "_backends", "_groups")
+    _world: World
+    _device_type: str
+    _spec: MeshSpec
+    _root: MeshSpec
+    _backends: tuple[str, ...]
+    _groups: tuple[ProcessGroup, ...]
 
     def __init__(
         self,

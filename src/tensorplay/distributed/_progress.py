@@ -25,7 +25,7 @@ from .process_group import ProcessGroup
 if TYPE_CHECKING:
     from types import FrameType
 
-    from .world import World
+    from ._context import JobContext
 
 log = logging.getLogger("tensorplay.distributed")
 LOOK_EVERY_S = 1.0
@@ -33,10 +33,10 @@ _PACKAGE = Path(__file__).resolve().parent
 # the modules whose public functions are the calls a user waits in
 _ENTRY_FILES = {str(_PACKAGE / f) for f in ("collectives.py", "device_mesh.py", "world.py")}
 
-_watching: tuple[int, World | None] | None = None  # (generation, world) watched; None: nothing
+_watching: tuple[int, JobContext | None] | None = None  # (generation, world) watched; None: nothing
 
 
-def watch(world: World, after_s: float) -> None:
+def watch(world: JobContext, after_s: float) -> None:
     """Watch this process's main thread for calls of ``world`` that last ``after_s`` s."""
     global _watching
     generation = (_watching[0] + 1) if _watching else 1

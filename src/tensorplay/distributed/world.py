@@ -25,6 +25,7 @@ from ._engine import GathersText, Severable
 from ._failures import collective_error, named_failures, unless_told
 from ._layout import Layout
 from ._mesh_spec import Ranks
+from ._registry import GroupRegistry
 from ._strict import StrictOps
 from .errors import (
     AlreadyInitializedError,
@@ -48,11 +49,13 @@ T = TypeVar("T")
 
 @dataclass(eq=False)
 class World:
-    """One joined job: this rank, the world size, its engine and store, and its groups.
+    """One joined job: the context every cross-rank helper reads (rank, size, backend,
+    timeout, engine, control plane, SPMD counters, this host's ranks; ``_context.JobContext``
+    is that view) and the registry of the current epoch's groups (``GroupRegistry``, swapped
+    whole by ``open_epoch``). Only World's methods write its fields.
 
     Groups are registered by (ordered ranks, backend) within the current epoch: the same
-    ranks and backend give the same ProcessGroup, made once. Only World's methods touch the
-    registry.
+    ranks and backend give the same ProcessGroup, made once.
     """
 
     rank: int
@@ -69,12 +72,9 @@ class World:
     alive: bool = True
     adopted: bool = False  # the engine's world was started outside the package
     strict: bool = False  # check every collective's fingerprint across its group (_strict)
-    created: int = 0  # groups this rank has helped create (not counting the world)
     default_group: ProcessGroup = field(init=False)
     control: Control = field(init=False)  # what the ranks decide together (``_control``)
-    _groups: dict[tuple, ProcessGroup] = field(default_factory=dict)
-    _flattened: dict[tuple, dict[str, tuple]] = field(default_factory=dict)
-    _native: dict[Any, Any] = field(default_factory=dict)  # mesh value -> engine's mesh
+    _registry: GroupRegistry = field(init=False)  # the current epoch's groups
     present: list[int] | None = None  # ranks still in the job after an epoch change (None: all)
     # what a layer over the core keeps here (``layer``), its calls at destroy (``at_destroy``)
     # and its advice after a lost rank (``expect_losses``): the elastic layer uses all three
@@ -84,6 +84,7 @@ class World:
 
     def __post_init__(self) -> None:
         self.control = control_for(self)
+        self._registry = GroupRegistry(self.spmd.epoch)
         ranks = Ranks(layout=Layout((((self.size, 1),),)))
         self.default_group = self._register(ranks, self.backend, "world", self.world_group,
                                             "world")
@@ -95,7 +96,7 @@ class World:
 
     def find_group(self, ranks: Ranks, backend: str | None = None) -> ProcessGroup | None:
         """The registered group of ``ranks`` on ``backend``, or None."""
-        return self._groups.get((ranks.key(), backend or self.backend))
+        return self._registry.find((ranks.key(), backend or self.backend))
 
     def group(self, ranks: Ranks, backend: str | None = None, kind: str = "") -> ProcessGroup:
         """The group of ``ranks`` on ``backend``: reused when registered, else created.
@@ -104,7 +105,7 @@ class World:
         ``kind`` names it in errors ("'dp'" gives "the 'dp' group [1, 5]").
         """
         backend = backend or self.backend
-        found = self._groups.get((ranks.key(), backend))
+        found = self._registry.find((ranks.key(), backend))
         if found is not None:
             return found
         name = group_name(ranks, backend, self.spmd.epoch)
@@ -114,7 +115,7 @@ class World:
             engine_group = unless_told(
                 lambda: f"creating the group [{format_ranks(ranks.tolist())}] ({desc})", self,
                 backend, lambda: self.engine.new_group(name, ranks, backend, self.timeout, desc))
-            self.created += 1
+            self._registry.created += 1
         return self._register(ranks, backend, name, engine_group, kind)
 
     def adopt(self, obj: object) -> ProcessGroup | None:
@@ -136,8 +137,7 @@ class World:
                 engine_group, group, lambda err, what: collective_error(self, err, what, group))
             if self.strict and not self.simulated:
                 group.ops = StrictOps(group.ops, group)
-        self._groups[(ranks.key(), backend)] = group
-        return group
+        return self._registry.add((ranks.key(), backend), group)
 
     def layer(self, name: str, make: Callable[[], T]) -> T:
         """The state a layer over the core keeps in this world under ``name``, made by
@@ -168,12 +168,17 @@ class World:
         return range(self.size) if self.present is None else self.present
 
     def groups(self) -> list[ProcessGroup]:
-        """Every group registered in this world, the world group included."""
-        return list(self._groups.values())
+        """Every group of the current epoch, the world group included."""
+        return self._registry.groups()
 
     def group_count(self) -> int:
-        """How many groups are registered in this world, the world group included."""
-        return len(self._groups)
+        """How many groups the current epoch holds, the world group included."""
+        return len(self._registry.groups())
+
+    @property
+    def created(self) -> int:
+        """How many groups this rank helped create in the current epoch (not the world's)."""
+        return self._registry.created
 
     def close_epoch(self, why: str, sever: bool = False) -> list[Any]:
         """Retire every group of this epoch, the world group included (it may hold a lost
@@ -181,24 +186,8 @@ class World:
         connections first, so a peer blocked on this rank in one of them fails at once and
         comes to the recovery too. ``why`` ends "the 'dp' group [1, 5] ..." in the
         StaleEpochError of a later use. Returns the engine groups, for ``let_go``."""
-        self._native.clear()  # the engine's meshes hold our groups' engine groups
-        # an engine that cannot sever or close a group (no elastic meshes) only retires them
         engine = self.engine if isinstance(self.engine, Severable) else None
-        closed = []
-        for group in self._groups.values():
-            if group.retired:
-                continue
-            engine_group = group.retire(why)
-            if engine_group is not None and group is not self.default_group:
-                closed.append(engine_group)
-                if engine is None:
-                    continue
-                if sever:
-                    with suppress(Exception):  # a group already broken breaks as it can
-                        engine.sever(engine_group)
-                with suppress(Exception):  # and closes as it can
-                    engine.close_group(engine_group)
-        return closed
+        return self._registry.retire(why, engine, sever, keep=self.default_group)
 
     def sever_epoch(self, epoch: int) -> None:
         """Break the connections of this epoch's groups if ``epoch`` is still current (from the
@@ -208,7 +197,7 @@ class World:
         engine = self.engine
         if not isinstance(engine, Severable):
             return
-        for group in list(self._groups.values()):
+        for group in self._registry.groups():
             engine_group = group.engine_group
             if (self.spmd.epoch == epoch and engine_group is not None and not group.retired
                     and group is not self.default_group):
@@ -240,28 +229,26 @@ class World:
         old = self.spmd.epoch
         self.let_go(self.close_epoch(f"belongs to epoch {old}, which the job has left"))
         epoch = self.spmd.open_epoch(epoch)
-        self._groups = {key: g for key, g in self._groups.items() if g is self.default_group}
-        self._flattened.clear()
+        world_key = (self.default_group.rank_seq.key(), self.backend)
+        self._registry = GroupRegistry(epoch)  # the old epoch's groups are found no more
+        self._registry.add(world_key, self.default_group)  # retired: its use says so
         if present is not None:
             self.present = sorted(present)
         return epoch
 
     def register_flatten(self, root_key: tuple, name: str, dims: tuple) -> None:
         """Remember that ``name`` flattens ``dims`` of the root mesh with ``root_key``."""
-        self._flattened.setdefault(root_key, {})[name] = dims
+        self._registry.register_flatten(root_key, name, dims)
 
     def flattened_names(self, root_key: tuple) -> dict[str, tuple]:
-        """Flattened dim names registered for a root mesh."""
-        return self._flattened.get(root_key, {})
+        """Flattened dim names registered for a root mesh in the current epoch."""
+        return self._registry.flattened_names(root_key)
 
     def native_mesh(self, mesh: Hashable, make: Callable[[], Any]) -> Any:
         """The engine's own mesh object for ``mesh`` (a DeviceMesh value), made by ``make()``
         once per world and epoch, so equal meshes get the same object (torch's DeviceMesh for
         ``mesh.to_torch()``; ``DeviceMesh.from_torch`` puts the adopted one here)."""
-        found = self._native.get(mesh)
-        if found is None:
-            found = self._native[mesh] = make()
-        return found
+        return self._registry.native_mesh(mesh, make)
 
     def hosts(self) -> Hosts:
         """The world's host map, read on first use (a simulated or 1-rank world is one host:
@@ -278,10 +265,7 @@ class World:
         closes now and a new world can listen on the same port."""
         self.alive = False
         _progress.stop()
-        for group in self._groups.values():
-            group.release()
-        self._groups.clear()
-        self._native.clear()
+        self._registry.release()
         self.world_group = self.store = None
         self.control = SoloControl(self)  # drops the store's last reference: its server closes
         self.engine.destroy(self.adopted)

@@ -62,6 +62,8 @@ class ElasticMesh(DeviceMesh):
     """
 
     __slots__ = ("_plan", "_session")
+    _plan: Elastic
+    _session: Session
 
     @classmethod
     def _elastic(cls, world: World, device: str, spec: MeshSpec, backends: tuple[str, ...],
