@@ -85,3 +85,30 @@ def test_only_the_control_plane_reads_a_worlds_store():
         if any(isinstance(n, ast.Attribute) and n.attr == "store" for n in ast.walk(tree)):
             readers.add(name)
     assert not readers, f"read .store above the control plane: {sorted(readers)}"
+
+
+def _writes_to_a_world(tree: ast.AST) -> list[int]:
+    """Lines that assign to an attribute of something called ``world`` or ``_world``."""
+    def is_world(node: ast.AST) -> bool:
+        return ((isinstance(node, ast.Name) and node.id in ("world", "_world"))
+                or (isinstance(node, ast.Attribute) and node.attr in ("world", "_world")))
+
+    lines = []
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+        lines += [node.lineno for t in targets
+                  if isinstance(t, ast.Attribute) and is_world(t.value)]
+    return lines
+
+
+def test_no_module_writes_the_worlds_fields_but_world():
+    writers = {name: lines for name in _modules() if name != "world.py"
+               if (lines := _writes_to_a_world(ast.parse((PACKAGE / name).read_text())))}
+    assert not writers, writers
+
+
+def test_the_writer_finder_finds_writes():
+    tree = ast.parse("world.elastic = (2, 4)\nmesh._world.host_pids[3] = 7\n"
+                     "self._world.alive = False\nx = world.rank\n")
+    assert _writes_to_a_world(tree) == [1, 3]
