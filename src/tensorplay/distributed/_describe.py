@@ -10,14 +10,13 @@ CROSSING_LIMIT ranks (O(N) numpy work, about a second for a million ranks).
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 import numpy as np
 
 from ._mesh_spec import MeshSpec
 from ._topology import CROSSING_LIMIT, HostOf, _advice, _crossing, host_ids
-from .errors import bad_argument, bad_type
+from .errors import bad_argument, bad_type, is_int
 
 FULL_GRID_LIMIT = 64
 """Meshes up to this many ranks show every rank; larger ones a summary."""
@@ -31,7 +30,7 @@ def describe(
     backends: Sequence[str] | None = None,
 ) -> str:
     """The report as text (several lines, no trailing newline); see the module docstring."""
-    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, numbers.Integral)):
+    if rank is not None and not is_int(rank):
         raise bad_type("rank", rank, "int or None", "pass a global rank, e.g. rank=0")
     if host_of is not None and not callable(host_of):
         raise bad_type("host_of", host_of, "callable rank -> host name",

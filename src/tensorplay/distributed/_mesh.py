@@ -29,6 +29,7 @@ from .errors import (
     UnknownDimError,
     bad_argument,
     bad_type,
+    is_int,
 )
 from .process_group import ProcessGroup
 from .world import World, current_or_adopted_world, current_world
@@ -169,7 +170,7 @@ class DeviceMesh:
         shift("dp") = (1, None). A halo exchange sends to dest and receives from source.
         """
         dim = self._dim_or_only(mesh_dim, "shift")
-        if isinstance(disp, bool) or not isinstance(disp, int):
+        if not is_int(disp):
             raise bad_argument("disp", disp, "must be an int number of steps",
                                "pass e.g. disp=1 or disp=-1")
         if not isinstance(periodic, bool):
@@ -531,7 +532,7 @@ class DeviceMesh:
                                f"pass {self.ndim} ints")
         coord = tuple(coordinate)
         if len(coord) != self.ndim or any(
-            isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < s
+            not is_int(c) or not 0 <= c < s
             for c, s in zip(coord, self.shape, strict=False)
         ):
             raise bad_argument("coordinate", coordinate, f"is not a coordinate of shape "

@@ -11,7 +11,7 @@ import numbers
 from collections.abc import Mapping, Sequence
 
 from .backends import BACKENDS, engine_name
-from .errors import ArgumentTypeError, UnknownDimError, bad_argument, bad_type
+from .errors import ArgumentTypeError, UnknownDimError, bad_argument, bad_type, check_int, is_int
 
 DEVICE_TYPES = ("cpu", "cuda")
 
@@ -34,9 +34,7 @@ def device_type(value: object) -> str:
 
 
 def _int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise bad_type(name, value, "int", "pass whole numbers")
-    return int(value)
+    return check_int(name, value, "pass whole numbers")
 
 
 def mesh_shape(value: object, world_size: int) -> tuple[int, ...]:
@@ -125,7 +123,7 @@ def explicit_mesh(value: object, world_size: int) -> tuple[tuple[int, ...], list
         raise bad_argument("mesh", value, "is empty", "pass a non-empty array of ranks")
     flat = array.reshape(-1).tolist()
     for v in flat:
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        if not is_int(v):
             raise bad_argument("mesh", value, f"holds {v!r} ({type(v).__name__}); ranks are "
                                "ints", "pass whole-number ranks", kind=ArgumentTypeError)
     ranks = [int(v) for v in flat]
@@ -151,9 +149,7 @@ def mesh_dim(value: object, names: tuple[str, ...] | None, ndim: int, arg: str =
                 kind=UnknownDimError,
             )
         return names.index(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise bad_type(arg, value, "int index or str name", "pass e.g. 0 or 'tp'")
-    index = int(value)
+    index = check_int(arg, value, "pass e.g. 0 or 'tp'", "int index or str name")
     if not -ndim <= index < ndim:
         raise bad_argument(arg, value, f"is out of range for a {ndim}-d mesh",
                            f"use 0..{ndim - 1}" + (f" or a name in {names}" if names else ""))
@@ -170,12 +166,11 @@ def elastic(value: object, minimum: object, names: tuple[str, ...] | None,
                                "pass elastic='dp' (the replica dim) too, or drop elastic_min")
         return None
     dim = mesh_dim(value, names, len(shape), "elastic")
-    if isinstance(minimum, bool) or not isinstance(minimum, numbers.Integral):
-        raise bad_type("elastic_min", minimum, "int", "pass e.g. elastic_min=1")
-    if not 1 <= int(minimum) <= shape[dim]:
+    least = check_int("elastic_min", minimum, "pass e.g. elastic_min=1")
+    if not 1 <= least <= shape[dim]:
         raise bad_argument("elastic_min", minimum, f"must be in 1..{shape[dim]} (the size of "
                            f"the elastic dim)", "pass the fewest replicas the job may train on")
-    return dim, int(minimum)
+    return dim, least
 
 
 def slice_names(value: object) -> tuple[str, ...]:

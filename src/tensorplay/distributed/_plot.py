@@ -10,7 +10,6 @@ no global backend is switched.
 from __future__ import annotations
 
 import math
-import numbers
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +17,7 @@ import numpy as np
 
 from ._mesh_spec import MeshSpec
 from ._topology import HostOf, host_ids
-from .errors import bad_argument, bad_type
+from .errors import bad_argument, bad_type, is_int
 
 PLOT_LIMIT = 4096
 """Largest mesh (in ranks) drawn; beyond it labels are unreadable."""
@@ -51,7 +50,7 @@ def plot(
                            "plot a sub-mesh, or use describe() for a text summary")
     d = _check_dim(spec, dim)
     if rank is not None:
-        if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
+        if not is_int(rank):
             raise bad_type("rank", rank, "int or None", "pass a global rank of the mesh")
         if spec.coordinate_of(int(rank)) is None:
             raise bad_argument("rank", rank, "is not in this mesh",
@@ -141,8 +140,7 @@ def _check_dim(spec: MeshSpec, dim: int | str | None) -> int:
         raise bad_argument("dim", dim, "is not a dim name of this mesh",
                            f"use one of {spec.names}" if spec.names
                            else f"use an index 0..{spec.ndim - 1}")
-    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) \
-            or not 0 <= dim < spec.ndim:
+    if not is_int(dim) or not 0 <= dim < spec.ndim:  # type: ignore[operator]
         raise bad_argument("dim", dim, f"is not a dim of a {spec.ndim}-d mesh",
                            f"use an index 0..{spec.ndim - 1} or a name")
     return int(dim)

@@ -13,13 +13,12 @@ what a mesh wants: bandwidth-hungry inner dims on the fast links inside a host.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ._mesh_spec import MeshSpec
-from .errors import bad_argument, bad_type
+from .errors import bad_argument, bad_type, check_int
 
 HostOf = Callable[[int], str]
 """The host map interface: global rank -> host name."""
@@ -148,11 +147,10 @@ def host_ids(host_of: HostOf, ranks) -> tuple[np.ndarray, tuple[str, ...]]:
 
 
 def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise bad_type(name, value, "int", "pass a whole number")
-    if value < 1:
+    count = check_int(name, value, "pass a whole number")
+    if count < 1:
         raise bad_argument(name, value, "must be at least 1", "pass a positive count")
-    return int(value)
+    return count
 
 
 def _crossing(ids: np.ndarray, dims: Sequence[int]) -> dict[int, int]:

@@ -13,15 +13,14 @@ from typing import Any
 
 from . import _arrays, _keys
 from ._failures import unless_told
-from .errors import bad_argument, bad_type
+from .errors import bad_argument, check_int
 from .process_group import ProcessGroup, ReduceOp, Work
 from .world import current_world, resolve_group
 
 
 def _rank_arg(name: str, rank: object, group: ProcessGroup) -> int:
     """Check that a global src/dst rank is a member of ``group``."""
-    if isinstance(rank, bool) or not isinstance(rank, int):
-        raise bad_type(name, rank, "int global rank", "pass one of the group's ranks")
+    rank = check_int(name, rank, "pass one of the group's ranks", "int global rank")
     if group.group_rank(rank) is None:
         raise bad_argument(
             name, rank, f"is not a member of {group.label}",

@@ -27,6 +27,7 @@ the engine is missing a backend, or failed in another way      BackendError
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Mapping
 
 
@@ -213,6 +214,20 @@ def parse_runs(text: str) -> list[int]:
         first, _, last = run.partition("-")
         ranks.extend(range(int(first), int(last or first) + 1))
     return ranks
+
+
+def is_int(value: object) -> bool:
+    """Whether ``value`` is a whole number (an int or a numpy integer), never a bool: the one
+    test of an integer argument (``True`` is no rank, no size, no step)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: object, fix: str, expected: str = "int") -> int:
+    """``value`` as an int, or the ArgumentTypeError naming ``name``: ``check_int("rank",
+    "3", "pass this process's rank")`` -> "rank='3': expected int, got str. Fix: ..."."""
+    if not is_int(value):
+        raise bad_type(name, value, expected, fix)
+    return int(value)  # type: ignore[call-overload]  # an Integral
 
 
 def bad_argument(

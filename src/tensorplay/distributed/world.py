@@ -34,6 +34,7 @@ from .errors import (
     NotInitializedError,
     bad_argument,
     bad_type,
+    check_int,
     format_ranks,
 )
 from .process_group import ProcessGroup, check_ranks_in_world, group_name
@@ -283,12 +284,6 @@ def _drop(objects: list[Any]) -> None:
 _WORLD: World | None = None
 
 
-def _check_int(name: str, value: object, fix: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_type(name, value, "int", fix)
-    return value
-
-
 def to_timedelta(timeout: object, name: str = "timeout") -> timedelta:
     """Normalise a timeout given as timedelta or seconds; None reads TENSORPLAY_TIMEOUT."""
     if timeout is None:
@@ -403,8 +398,8 @@ def _canonical_args(
         raise bad_type("backend", backend, "str", f"use one of {backends.BACKENDS}")
     if init_method is not None and not isinstance(init_method, str):
         raise bad_type("init_method", init_method, "str", "use 'env://' or 'tcp://host:port'")
-    world_size = _check_int("world_size", world_size, "pass the number of processes")
-    rank = _check_int("rank", rank, "pass this process's rank")
+    world_size = check_int("world_size", world_size, "pass the number of processes")
+    rank = check_int("rank", rank, "pass this process's rank")
     wait = to_timedelta(timeout)
     backend = (backend or backends.default_backend()).lower()
     if backends.engine_name(backend) is None:
