@@ -5,11 +5,14 @@ next call: gloo and NCCL move the bytes and every later sum is silently wrong. C
 one integer increment per call (``group.calls``, in ``collectives.py``). The counts are
 compared over the world's control plane (``_control``) when the job ends or fails:
 
-- ``destroy_process_group()``: each rank posts its counts of every group it is in, as JSON
-  ({group name: calls}), in one ``Control.exchange``; the first member of each group reads its
-  members' counts, waiting a moment (``GRACE_S``) for them, and raises CallMismatchError when
-  they differ. A member still missing then is only logged (one line for all such groups): it
-  may be slow to finish, or stuck in the stray call, which it reports itself:
+- ``destroy_process_group()``: each rank first hands its final counts to the control plane
+  (``Control.ending``; over an engine's all-gather, whose blocked calls cannot fail, a member
+  stuck in the stray call learns them at once and names it); then it posts its counts of
+  every group it is in, as JSON ({group name: calls}), in one ``Control.exchange``; the first
+  member of each group reads its members' counts, waiting a moment (``GRACE_S``) for them,
+  and raises CallMismatchError when they differ. A member still missing then is only logged
+  (one line for all such groups): it may be slow to finish, or stuck in the stray call, which
+  it reports itself:
 - a collective that fails (a peer left while this rank still waited in it): on a control plane
   that is a ``Board`` (a store, which any rank may read at any time), the rank posts its count
   of that group and compares it with those posted (at their end, or after the same failure),
@@ -57,6 +60,7 @@ def check_at_end(world: JobContext) -> None:
     wanted = sorted({r for g in led for r in g.ranks})
     grace = min(GRACE_S, world.timeout.total_seconds())
     try:
+        world.control.ending({g.name: (g.ranks, g.calls) for g in mine if g.size() <= _LARGEST})
         got = world.control.exchange(EXCHANGE, _counts(mine), wanted, grace)
         posted = {rank: json.loads(text) for rank, text in got.items()}
         late: list[str] = []

@@ -26,6 +26,9 @@ met only by call #n elsewhere, see ``_keys``):
   member: after a tally, the first rank of each group says what its group passed;
 - ``exchange(name, text, wanted, wait_s)``: every member posts ``text``; each gets the texts of
   the ``wanted`` ranks posted within ``wait_s`` (the call counts at the end);
+- ``ending(counts)``: this rank has made its last collective (group name -> (members, calls),
+  before the counts' ``exchange`` at the end): a control plane whose members may be blocked
+  in a stray call that cannot fail (MPI's) tells them now, so that they name it at once;
 - ``meet_hosts(step)``: every rank's host and pid; returns rank -> pid of this host's ranks;
   ``hosts()``: the world's host map (read on first use); ``known_hosts()``: the map if this
   rank holds it already, without asking (rank 0 does, after meeting the others);
@@ -37,7 +40,7 @@ met only by call #n elsewhere, see ``_keys``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -54,6 +57,7 @@ class Control(Protocol):
     def texts(self, step: str, text: str, ranks: Sequence[int]) -> list[str]: ...
     def exchange(self, name: str, text: str, wanted: Sequence[int], wait_s: float
                  ) -> dict[int, str]: ...
+    def ending(self, counts: Mapping[str, tuple[Sequence[int], int]]) -> None: ...
     def meet_hosts(self, step: str) -> dict[int, int]: ...
     def hosts(self) -> Hosts: ...
     def known_hosts(self) -> Hosts | None: ...

@@ -9,7 +9,7 @@ rank, where nobody else can disagree.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,9 @@ class SoloControl:
     def exchange(self, name: str, text: str, wanted: Sequence[int], wait_s: float
                  ) -> dict[int, str]:
         return {r: text for r in wanted}  # every rank of a simulated world says what this says
+
+    def ending(self, counts: Mapping[str, tuple[Sequence[int], int]]) -> None:
+        """Nobody else to tell."""
 
     def meet_hosts(self, step: str) -> dict[int, int]:
         return {}
@@ -88,6 +91,12 @@ class GatherControl:
                  ) -> dict[int, str]:
         every = self._gather(text, f"exchanging {name}")
         return {r: every[r] for r in wanted}
+
+    def ending(self, counts: Mapping[str, tuple[Sequence[int], int]]) -> None:
+        """Tell the members of each group this rank's final count of it, without waiting
+        (``GathersText.tell_ended``): a member blocked in a stray call would otherwise wait in
+        it, and the others in the counts' all-gather, until the timeout."""
+        self._engine.tell_ended(counts)
 
     def meet_hosts(self, step: str) -> dict[int, int]:
         pairs = [t.split(" ", 1) for t in self._gather(_joined_mark(), step)]

@@ -9,7 +9,7 @@ any time (a ``Board``): failure marks, the survivors' vote, the chain of epochs.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -151,6 +151,10 @@ class StoreControl(StoreBoard):
         except (RuntimeError, OSError):  # the store is gone: nothing to read
             return {}
         return {wanted[i]: v for i, v in zip(present, values, strict=True)}
+
+    def ending(self, counts: Mapping[str, tuple[Sequence[int], int]]) -> None:
+        """Nothing to tell: a member stuck in a stray call fails when this rank's connections
+        close, and reads the counts posted here (``_accounting.check_after_failure``)."""
 
     def meet_hosts(self, step: str) -> dict[int, int]:
         """rank -> pid of the ranks on this host.

@@ -33,7 +33,9 @@ does not define its methods (no stub raises); the caller that needs it raises ou
   without engine calls.
 - ``GathersText``: ``allgather_text()``, an all-gather of short texts over the whole world on
   a communicator user code never sees: what a world without a store runs its control plane
-  on (``_control_gather.GatherControl``). Only the MPI engine.
+  on (``_control_gather.GatherControl``), and ``tell_ended()``, which tells the members of
+  this rank's groups its final call counts as it ends, so that a member stuck in a stray
+  call names it at once. Only the MPI engine.
 
 ``Capabilities`` (data, not methods) say what an engine's world is like, so the package asks
 "does it have a store?", never "is it torch?". The MPI engine (no store, numpy buffers) meets
@@ -45,7 +47,7 @@ engine's ``allgather_text`` (``GathersText``), bounded by the world's timeout.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
@@ -316,4 +318,11 @@ class GathersText(Protocol):
     def allgather_text(self, text: str, step: str) -> list[str]:
         """Every rank's ``text``, in world rank order, on every rank (called in step by every
         rank; ``step`` names the call in errors). Waits up to the world's timeout."""
+        ...
+
+    def tell_ended(self, counts: Mapping[str, tuple[Sequence[int], int]]) -> None:
+        """This rank made its last collective: ``counts`` maps each of its groups' names to
+        (the group's world ranks, this rank's calls on it). Tell the other members now,
+        without waiting for them: a member blocked in a call on that group whose number is
+        higher knows it is a stray call that nobody will pair, and says so at once."""
         ...

@@ -22,13 +22,24 @@ MPI waits forever; nothing here does:
   rank that it has left, so that a call waiting for it ends the job at once naming it
   (``RankFailedError``); a meeting that lasts the whole timeout aborts the job, naming the
   ranks that never came;
-- a killed rank is ended by the launcher: MPICH's mpiexec kills the job within a second and
-  names a pid, so rank 0 prints which rank each pid is as the job starts under it.
+- a rank that ends its script tells the other members of each of its groups its final call
+  count of that group (``tell_ended``, from the control plane at destroy_process_group): a
+  member blocked in a call on that group whose number is higher (``group.calls``) knows that
+  nobody will ever pair it, and prints the ``CallMismatchError`` naming who made how many
+  calls, then aborts the job, within SETTLE_S instead of the timeout;
+- a killed rank: every rank watches the processes of the ranks on its host (pids met at
+  join, watched through pidfds, or ``_procfs`` where there are none) and, when one is gone,
+  prints the ``RankFailedError`` naming it by rank and pid and aborts the job. Under MPICH's
+  mpiexec this is only seen with ``mpiexec -disable-auto-cleanup``: by default mpiexec
+  SIGKILLs every rank within milliseconds of the death, before a watchdog can speak, and names
+  the pid of whichever rank it reaped first (often not the dead one). Rank 0 still prints each
+  rank's pid as the job starts (docs/engines.md).
 
 Under the collectives lies the control communicator, a second duplicate of COMM_WORLD that
 user code never sees, made once per process: ``allgather_text`` (the store-less cross-rank
-check, host names, call counts), leave notices, queries and the exit meeting travel there, so
-they never pair with a user's collective.
+check, host names, call counts), leave notices, final counts, queries and the exit meeting
+travel there (nonblocking sends, read by the watchdog), so they never pair with a user's
+collective.
 """
 
 from __future__ import annotations
@@ -37,21 +48,23 @@ import _thread
 import atexit
 import hashlib
 import os
+import select
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import _env
+from .. import _env, _procfs
 from .._engine import Capabilities, Engine, FailureKind, GathersText, Running, Started
 from .._failures import FIX_FAILED
 from ..errors import (
     BackendError,
+    CallMismatchError,
     DistributedError,
     DistributedTimeoutError,
     LaunchEnvError,
@@ -67,7 +80,7 @@ SETTLE_S = 1.0  # after a timeout, how long a rank collects the others' answers
 ABORT_PAUSE_S = 0.5  # between printing why this rank aborts the job and aborting it
 QUERY_LIMIT = 4096  # groups larger than this are not asked who is missing (O(size) messages)
 # tags of the control communicator; Create_group uses tags from _GROUP_TAGS up
-_LEFT, _QUERY, _ANSWER, _EXIT, _GO = 1, 2, 3, 4, 5
+_LEFT, _QUERY, _ANSWER, _EXIT, _GO, _ENDED = 1, 2, 3, 4, 5, 6
 _GROUP_TAGS = 64
 _SLOT = 64  # bytes per rank of allgather_text's first round: a length byte and 63 of text
 _ONE = np.zeros(1, dtype=np.uint8)  # the body of every notice (must outlive its sends)
@@ -118,6 +131,12 @@ class MpiEngine:
         self._control: Any = None  # this process's control communicator, once joined
         self._made: list[Any] = []  # the communicators of the current world (world first)
         self._left: set[int] = set()  # ranks that said they left (read by the watchdog)
+        self._world_n = 0  # which world of this process (ended notices of older ones are old)
+        # group name -> {rank: its final calls on it}, from ended notices of this world
+        self._ended: dict[str, dict[int, int]] = {}
+        self._stray_seen: dict[str, float] = {}  # group name -> when a stray was first seen
+        self._told: list[tuple[Any, Any]] = []  # ended notices in flight, with their bodies
+        self._mates: dict[int, tuple[int, Any]] = {}  # host-mates: rank -> (pid, pidfd/start)
         self._doing: str | None = None  # what the main thread does outside a watched call
         # the blocking MPI call in progress: (what, group, since, members), see watched()
         self.call: tuple[str, Any, float, Sequence[int] | None] | None = None
@@ -165,21 +184,61 @@ class MpiEngine:
             _poll(request, step, self.timeout_s)
             self._control = control
             self._hook()
-            launch = _env.detect()
-            if launch is not None and launch.source == "mpich":
-                self._say_pids()
+            self._meet_mates(step)
+        self._world_n += 1
+        self._ended, self._stray_seen = {}, {}
         self._made = [self.watched(step, None, None, MPI.COMM_WORLD.Dup)]
         return Started(self._made[0], None)
 
-    def _say_pids(self) -> None:
-        """Rank 0 prints each rank's pid: MPICH's mpiexec names a failed rank by pid only."""
-        pids = np.zeros(MPI.COMM_WORLD.Get_size(), dtype=np.int64)
-        mine = np.array([os.getpid()], dtype=np.int64)
-        self.watched("init_process_group()", None, None, self._control.Gather, mine, pids, 0)
-        if MPI.COMM_WORLD.Get_rank() == 0 and len(pids) > 1:
+    def _meet_mates(self, step: str) -> None:
+        """Every rank's pid and host, once per process. Under MPICH's mpiexec the watchdog
+        watches the processes of the other ranks on this host (``_dead_mate``), and rank 0
+        prints each rank's pid (mpiexec names a failed rank by pid only). Not under Open MPI:
+        its ULFM mode (``--with-ft ulfm``) keeps the survivors going, and their calls fail
+        naming the lost ranks."""
+        launch = _env.detect()
+        if launch is None or launch.source != "mpich":  # the same on every rank
+            return
+        me = MPI.COMM_WORLD.Get_rank()
+        pairs = [t.split(" ", 1) for t in self.allgather_text(f"{os.getpid()} {_host_key()}",
+                                                              step)]
+        pids = [int(pid) for pid, _ in pairs]
+        for rank, (pid, host) in enumerate(pairs):
+            if rank != me and host == pairs[me][1]:
+                watch = _watch_handle(int(pid))
+                if watch is not None:
+                    self._mates[rank] = (int(pid), watch)
+        if me == 0 and len(pids) > 1:
             print(f"tensorplay.distributed: MPI world of {len(pids)} ranks; mpiexec names a "
-                  f"failed rank by its pid (rank:pid): {_pid_runs(pids.tolist())}",
+                  f"failed rank by its pid (rank:pid): {_pid_runs(pids)}",
                   file=sys.stderr, flush=True)
+
+    def _dead_mate(self) -> tuple[int, int] | None:
+        """(rank, pid) of a rank of this host whose process is gone, or None. A pidfd turns
+        readable when its process ends (one poll for all of them); without pidfds, the process
+        is looked up in /proc and its start time compared (a reused pid is another process)."""
+        fds = [(rank, pid, w) for rank, (pid, w) in self._mates.items() if isinstance(w, int)]
+        if fds:
+            poller = select.poll()
+            for _, _, fd in fds:
+                poller.register(fd, select.POLLIN)
+            ready = {fd for fd, _ in poller.poll(0)}
+            for rank, pid, fd in fds:
+                if fd in ready:
+                    return rank, pid
+        for rank, (pid, w) in self._mates.items():
+            if isinstance(w, str) and (not _procfs.alive(pid) or _start_time(pid) != w):
+                return rank, pid
+        return None
+
+    def tell_ended(self, counts: Mapping[str, tuple[Sequence[int], int]]) -> None:
+        """Send each other member of each group this rank's final count of it (nonblocking,
+        on the control communicator; small enough to leave at once). Read by the members'
+        watchdogs (``_stray``)."""
+        control, me = self._control, MPI.COMM_WORLD.Get_rank()
+        for name, (members, calls) in counts.items():
+            body = np.frombuffer(f"{self._world_n} {calls} {name}".encode(), dtype=np.uint8)
+            self._told += [(control.Isend(body, r, _ENDED), body) for r in members if r != me]
 
     def destroy(self, adopted: bool) -> None:
         """Free this world's communicators. MPI itself stays up (it cannot start twice);
@@ -349,10 +408,23 @@ class MpiEngine:
                 what, group, since, members = call
                 where = what if group is None else f"{what} on {group.label}"
                 gone = sorted(r for r in self._left if members is None or r in members)
-                if gone:
+                dead = self._dead_mate() if self._mates else None
+                stray = self._stray(group, members) if group is not None else None
+                if dead is not None and (members is None or dead[0] in members):
                     err: DistributedError = RankFailedError(
+                        f"{where} failed: rank {dead[0]} (pid {dead[1]}) died (no longer "
+                        f"running on this host) while rank {me} waited for it. {FIX_FAILED}",
+                        ranks=[dead[0]])
+                elif gone:
+                    err = RankFailedError(
                         f"{where} failed: {rank_words(gone)} left the job (its script ended, "
                         f"or it exited) while rank {me} waited for it. {FIX_FAILED}")
+                elif stray is not None:
+                    if self.call is call:
+                        _abort(f"rank {me}: {type(stray).__name__}: {stray}\n(rank {me} waits "
+                               f"in {where}, its call #{group.calls} there, which the others "
+                               "never make: they have ended)")
+                    continue
                 elif time.monotonic() - since > self.timeout_s:
                     err = (self._who_is_missing(members) if control_works else MpiWaitError(
                         "the control messages failed, so nobody was asked", None)
@@ -364,12 +436,38 @@ class MpiEngine:
         finally:
             self._stopped.set()
 
+    def _stray(self, group: Any, members: Sequence[int] | None) -> CallMismatchError | None:
+        """The error naming the call counts on ``group`` when this rank's call on it (a
+        collective of the whole group, number ``group.calls``) is one that a member that has
+        ended never made; None otherwise, or while the other members' counts may still come
+        (up to SETTLE_S after the first)."""
+        heard = self._ended.get(group.name)
+        if not heard or (members is not None and len(members) != group.size()):
+            return None  # nobody ended, or a send/recv (not counted)
+        mine = group.calls
+        if all(calls >= mine for calls in heard.values()):
+            return None
+        first = self._stray_seen.setdefault(group.name, time.monotonic())
+        if len(heard) < group.size() - 1 and time.monotonic() - first < SETTLE_S:
+            return None
+        by_count: dict[int, list[int]] = {mine: [MPI.COMM_WORLD.Get_rank()]}
+        for rank, calls in heard.items():
+            by_count.setdefault(calls, []).append(rank)
+        return CallMismatchError(group.label, by_count)
+
     def _service(self, sends: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
-        """Read leave notices, answer queries; returns the answers still in flight."""
+        """Read leave and ended notices, answer queries; returns the answers still in
+        flight."""
         control, status = self._control, MPI.Status()
         while control.Iprobe(MPI.ANY_SOURCE, _LEFT, status):
             control.Recv(np.zeros(1, dtype=np.uint8), status.Get_source(), _LEFT)
             self._left.add(status.Get_source())
+        while control.Iprobe(MPI.ANY_SOURCE, _ENDED, status):
+            body = bytearray(status.Get_count(MPI.BYTE))
+            control.Recv(body, status.Get_source(), _ENDED)
+            world_n, calls, name = body.decode().split(" ", 2)
+            if int(world_n) == self._world_n:
+                self._ended.setdefault(name, {})[status.Get_source()] = int(calls)
         while control.Iprobe(MPI.ANY_SOURCE, _QUERY, status):
             control.Recv(np.zeros(1, dtype=np.uint8), status.Get_source(), _QUERY)
             call = self.call
@@ -435,6 +533,7 @@ class MpiEngine:
         else:
             go = np.zeros(1, dtype=np.uint8)
             sends = self._meet([control.Isend(_ONE, 0, _EXIT), control.Irecv(go, 0, _GO)], None)
+        sends += [request for request, _ in self._told]
         deadline = time.monotonic() + SETTLE_S
         while not MPI.Request.Testall(sends) and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -459,6 +558,31 @@ class MpiEngine:
                 raise MpiWaitError(f"waited {waited:.0f} s for {rank_words(missing)}"
                                    ", which never ended (hung, or still busy)", missing)
         return told
+
+
+def _host_key() -> str:
+    """This host as far as pids go: its name and this process's pid namespace (two
+    containers on one host see different pids)."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return f"{_env.hostname()}/{namespace}"
+
+
+def _start_time(pid: int) -> str | None:
+    fields = _procfs.stat_fields(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def _watch_handle(pid: int) -> int | str | None:
+    """How the watchdog watches process ``pid``: a pidfd (readable once it ends), else its
+    start time in /proc; None when it cannot be watched (gone already, or no /proc)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfds (macOS, Linux < 5.3), or the pid is gone
+        start = _start_time(pid)
+        return start if start is not None and _procfs.alive(pid) else None
 
 
 def _poll(request: Any, step: str, timeout_s: float) -> None:
