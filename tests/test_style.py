@@ -1,4 +1,4 @@
-"""The tree stays ruff-clean (the linter is part of the test extra)."""
+"""The tree stays ruff-clean and mypy-clean (both are part of the test extra)."""
 
 from __future__ import annotations
 
@@ -14,4 +14,14 @@ def test_ruff_is_clean():
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "src", "tests", "bench",
                            "examples"], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.slow  # mypy over the package: about 25 s cold on 2 cores, a few s with its cache
+def test_mypy_is_clean():
+    """`python -m mypy` from the root, with the project's [tool.mypy], reports no error."""
+    pytest.importorskip("mypy", reason="mypy comes with the [test] extra")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "mypy"], cwd=root, capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -38,7 +38,8 @@ def describe(
     if backends is not None and len(backends) != spec.ndim:
         raise bad_argument("backends", backends, f"has {len(backends)} entries for "
                            f"{spec.ndim} dims", "give one backend name per dim")
-    array = ids = None
+    array: np.ndarray | None = None
+    ids: np.ndarray | None = None
     if host_of is not None and spec.size <= CROSSING_LIMIT:
         array = spec.array()
         ids = host_ids(host_of, array)[0]
@@ -48,6 +49,7 @@ def describe(
     if rank is not None:
         out += ["", *_rank(spec, int(rank), host_of)]
     if ids is not None:
+        assert array is not None  # set together with ids above
         hint = _advice(spec, array, ids)
         if hint is not None:
             out += ["", f"advice: {hint}"]

@@ -298,7 +298,10 @@ class DeviceMesh:
                                "pick a new name")
         world = self._world
         registers = name is not None and self.mesh_dim_names is not None and self.ndim > 1
-        registered = world.flattened_names(self._root_key()).get(name) if registers else None
+        registered = None
+        if registers:
+            assert name is not None  # registers says so
+            registered = world.flattened_names(self._root_key()).get(name)
         if registered is not None and registered != self.mesh_dim_names:
             raise bad_argument("name", name, f"already flattens {registered}", "pick a new name")
         agree(world, "flatten()", {"name": name, "shape": self.shape,
@@ -308,6 +311,7 @@ class DeviceMesh:
         backends = (self._backends[0],)
         groups = _make_groups(world, spec, backends)
         if registers:
+            assert name is not None and self.mesh_dim_names is not None  # registers says so
             world.register_flatten(self._root_key(), name, self.mesh_dim_names)
         return DeviceMesh._make(world, self._device_type, spec, self._root, backends, groups)
 
@@ -462,6 +466,7 @@ class DeviceMesh:
         mesh = _adopt(world, root, "DeviceMesh.from_torch()")
         world.native_mesh(mesh, lambda: root.obj)  # to_torch() gives the library's mesh back
         if found.root is not None:
+            assert found.names is not None  # a slice of a root is named by the root's dims
             mesh = mesh[found.names]
             world.native_mesh(mesh, lambda: found.obj)
         return mesh
@@ -664,11 +669,11 @@ def _laid_out(world: World, device: str, shape: tuple[int, ...], names: tuple[st
         order = _topology.host_aware_order(shape, world.hosts())
         if order is not None:
             spec = MeshSpec.from_ranks(shape, order, names)
-    elif world.rank == 0 and world.known_hosts() is not None:  # rank 0 holds it from init
-        from . import _topology
+    elif world.rank == 0 and (hosts := world.known_hosts()) is not None:  # rank 0 holds it
+        from . import _topology  # from init
 
         if spec.size <= _topology.CROSSING_LIMIT:
-            hint = _topology.advice(spec, world.known_hosts())
+            hint = _topology.advice(spec, hosts)
             if hint is not None:
                 log.warning("init_device_mesh%s: %s", shape, hint)
     return spec

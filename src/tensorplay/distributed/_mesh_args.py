@@ -113,8 +113,8 @@ def explicit_mesh(value: object, world_size: int) -> tuple[tuple[int, ...], list
                 "mesh", value, "is ragged", "give every row the same length"
             ) from err
         if array.dtype == object and array.ndim >= 1:
-            flat = array.reshape(-1)
-            if any(isinstance(v, list | tuple | np.ndarray) for v in flat):
+            cells = array.reshape(-1)
+            if any(isinstance(v, list | tuple | np.ndarray) for v in cells):
                 raise bad_argument("mesh", value, "is ragged", "give every row the same length")
     if array.ndim == 0:
         raise bad_argument("mesh", value, "is a single value, not an array of ranks",

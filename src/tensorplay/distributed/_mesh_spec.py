@@ -73,6 +73,7 @@ class Ranks:
     def __len__(self) -> int:
         if self._layout is not None:
             return self._layout.numel
+        assert self._explicit is not None  # __init__ keeps one of the two
         return len(self._explicit)
 
     def __getitem__(self, index: int) -> int:
@@ -81,6 +82,7 @@ class Ranks:
             if not -n <= index < n:
                 raise IndexError(index)
             return self._layout.position((index % n,))
+        assert self._explicit is not None  # __init__ keeps one of the two
         return self._explicit[index]
 
     def __iter__(self) -> Iterator[int]:
@@ -99,6 +101,7 @@ class Ranks:
         if self._layout is not None:
             found = self._layout.coordinate(rank)
             return None if found is None else found[0]
+        assert self._explicit is not None  # __init__ keeps one of the two
         try:
             return self._explicit.index(rank)
         except ValueError:
@@ -231,6 +234,7 @@ class MeshSpec:
         """Merge ``dims`` (default all) into one dim called ``name``; a 1-d result if all."""
         chosen = list(range(self.ndim)) if dims is None else list(dims)
         layout = self.layout.flatten(chosen)
+        names: tuple[str, ...] | None
         if self.names is None:
             names = (name,) if name is not None and layout.ndim == 1 else None
         else:

@@ -62,6 +62,7 @@ def plot(
     ranks = spec.array()
     cube = ranks.reshape((1,) * (3 - spec.ndim) + spec.shape)  # (panels, rows, columns)
     axis = d + 3 - spec.ndim  # the outlined dim, as an axis of cube
+    names: tuple[str, ...]
     if host_of is None:
         hosts, names = np.zeros(cube.shape, dtype=np.int32), ("",)
     else:
@@ -140,7 +141,7 @@ def _check_dim(spec: MeshSpec, dim: int | str | None) -> int:
         raise bad_argument("dim", dim, "is not a dim name of this mesh",
                            f"use one of {spec.names}" if spec.names
                            else f"use an index 0..{spec.ndim - 1}")
-    if not is_int(dim) or not 0 <= dim < spec.ndim:  # type: ignore[operator]
+    if not is_int(dim) or not 0 <= dim < spec.ndim:
         raise bad_argument("dim", dim, f"is not a dim of a {spec.ndim}-d mesh",
                            f"use an index 0..{spec.ndim - 1} or a name")
     return int(dim)
@@ -199,6 +200,7 @@ def _outline(ax, Rectangle, axis: int, panel: int, n_rows: int, n_cols: int, min
     """Box each group of the outlined dim inside one panel; red for the marked rank's."""
     inset = 0.42
     width = max(1.2, min(2.5, cell * 4))
+    boxes: list[tuple[tuple[float, float], float, float, tuple[int, ...]]]
     if axis == 2:
         boxes = [((-inset, r - inset), n_cols - 1 + 2 * inset, 2 * inset, (r,))
                  for r in range(n_rows)]

@@ -42,7 +42,9 @@ def watch(world: JobContext, after_s: float) -> None:
     generation = (_watching[0] + 1) if _watching else 1
     _watching = (generation, world)
     if after_s > 0:
-        _thread.start_new_thread(_loop, (generation, after_s, threading.main_thread().ident))
+        main = threading.main_thread().ident
+        assert main is not None  # the main thread has started: it runs this
+        _thread.start_new_thread(_loop, (generation, after_s, main))
 
 
 def stop() -> None:

@@ -22,6 +22,7 @@ import hashlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .errors import CallMismatchError
@@ -105,7 +106,7 @@ def _words(value: Any) -> str:
 
 def _call_site() -> str:
     """file:line of the innermost frame outside this package: the user's call."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame = frame.f_back
     if frame is None:

@@ -154,6 +154,10 @@ class RankFailedError(DistributedError, RuntimeError):
     ``ranks`` lists the ranks known to have failed or gone missing, None when unknown.
     """
 
+    # True on an error raised from the launcher's verdict (_failures.unless_told): its message
+    # already says it all, so named_failures passes it on as it is
+    told: bool = False
+
     def __init__(self, message: str, *, ranks: Iterable[int] | None = None):
         self.ranks = None if ranks is None else sorted(ranks)
         super().__init__(message)

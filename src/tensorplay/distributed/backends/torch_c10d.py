@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterable
 from contextlib import contextmanager, suppress
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,7 @@ from .._engine import (
     Running,
     Severable,
     Started,
+    Store,
 )
 from ..errors import (
     BackendError,
@@ -54,6 +55,9 @@ from ..errors import (
     bad_argument,
 )
 from . import torch_store
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import GroupName
 
 log = logging.getLogger("tensorplay.distributed")
 
@@ -191,7 +195,13 @@ def start(
         store = c10d._get_default_store()
         store.set(_keys.joined(rank), _joined_mark())
     ENGINE.group_store = c10d._get_default_store()
-    return Started(dist.group.WORLD, store)
+    return Started(dist.group.WORLD, _ours(store))
+
+
+def _ours(store: dist.Store) -> Store:
+    """c10d's store as the package's Store: it meets the protocol, but torch's stubs type
+    set() as taking str only and lack clone() and multi_set(), which c10d's Store has."""
+    return cast(Store, store)
 
 
 @contextmanager
@@ -325,7 +335,7 @@ class TorchEngine:
             ranks,
             backend,
             self.group_store,
-            name,
+            cast("GroupName", name),  # torch's NewType of str, for its group names
             timeout=timeout,
             group_desc=desc,
         )
@@ -435,7 +445,7 @@ class TorchEngine:
                                  c10d._get_default_store())
         store.set(_keys.joined(dist.get_rank()), _joined_mark())
         self.group_store = store  # our groups' keys stay under our prefix, apart from its own
-        return Started(dist.group.WORLD, store)
+        return Started(dist.group.WORLD, _ours(store))
 
     def to_native_mesh(self, view: Any, root: Any) -> Any:
         """torch's DeviceMesh over the view's c10d groups (``torch_mesh.py``)."""

@@ -49,6 +49,7 @@ def to_native(view: MeshView, root: TorchMesh | None) -> TorchMesh:
         rank_map = torch.as_tensor(view.ranks.reshape(-1), dtype=torch.int).contiguous()
         layout = _MeshLayout.from_sizes_strides(tuple(view.ranks.shape))
     else:
+        assert view.root_dims is not None  # a view given with its root is a non-root's
         rank_map = root._rank_map
         layout = _MeshLayout([_MeshLayout([root._layout[i] for i in dims]).collapse()
                               for dims in view.root_dims])
@@ -57,6 +58,7 @@ def to_native(view: MeshView, root: TorchMesh | None) -> TorchMesh:
     mesh._dim_group_names = [g.group_name for g in view.groups]
     (mesh if root is None else root)._pg_registry.update((g.group_name, g) for g in view.groups)
     if view.flatten_of is not None:
+        assert root is not None  # only a non-root view flattens dims of its root
         root._flatten_mapping.setdefault(view.flatten_of, mesh)
     return mesh
 
@@ -113,12 +115,15 @@ def probe() -> list[str]:
         if not ok:
             problems.append(f"torch {torch.__version__}: {api} is not {wanted}")
 
+    mesh_layout: type | None
     try:
-        from torch.distributed._mesh_layout import _MeshLayout
+        from torch.distributed import _mesh_layout
     except ImportError:
-        _MeshLayout = None
-    expect(callable(getattr(_MeshLayout, "from_sizes_strides", None))
-           and callable(getattr(_MeshLayout, "collapse", None)),
+        mesh_layout = None
+    else:
+        mesh_layout = getattr(_mesh_layout, "_MeshLayout", None)
+    expect(callable(getattr(mesh_layout, "from_sizes_strides", None))
+           and callable(getattr(mesh_layout, "collapse", None)),
            "torch.distributed._mesh_layout._MeshLayout", "there (with from_sizes_strides, "
            "collapse)")
     params = set(inspect.signature(TorchMesh.__init__).parameters)

@@ -72,14 +72,15 @@ def agree_lost(board: Board, epoch: int, rank: int, members: Sequence[int],
         if (accounted or (unsuspected_in and waited >= SUSPECT_GRACE_S)
                 or (majority and waited >= wait_s) or waited >= timeout_s):
             lost = sorted(set(members) - set(posted))
-            verdict = {"lost": lost} if majority else {"refused": sorted(posted)}
+            decided: dict[str, list[int] | str] = (
+                {"lost": lost} if majority else {"refused": sorted(posted)})
             rule = ("every member posted or was seen dead" if accounted else
                     "the suspects had their grace" if unsuspected_in else "the wait ran out")
             seen = format_ranks(sorted(gone)) if gone else "none"
             named = format_ranks(sorted(suspected)) if suspected else "none"
-            verdict["why"] = (f"decided by rank {rank} after {waited:.1f} s, {rule}; seen "
+            decided["why"] = (f"decided by rank {rank} after {waited:.1f} s, {rule}; seen "
                               f"dead: {seen}; suspected: {named}")
-            board.decide(verdict_key, json.dumps(verdict))
+            board.decide(verdict_key, json.dumps(decided))
             break
         time.sleep(POLL_S)
     verdict = json.loads(board.wait([verdict_key])[0])
