@@ -137,7 +137,8 @@ def _stubs(path: Path) -> list[str]:
     tree = ast.parse(path.read_text())
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assert):
+        if (isinstance(node, ast.Assert) and isinstance(node.test, ast.Constant)
+                and not node.test.value):  # ``assert False``; a narrowing assert is no stub
             found.append(f"{path.name}:{node.lineno}: assert")
         elif isinstance(node, ast.Raise) and node.exc is not None:
             raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
@@ -160,7 +161,8 @@ def test_no_engine_stubs_what_it_lacks():
 def test_the_stub_finder_finds_stubs(tmp_path):
     path = tmp_path / "stubbed.py"
     path.write_text('def sever(g):\n    raise AssertionError("unreachable: no")\n'
-                    "def close(g):\n    assert False\n")
+                    "def close(g):\n    assert False\n"
+                    "def narrow(g):\n    assert g is not None\n")
     assert _stubs(path) == ["stubbed.py:2: raise AssertionError",
                             "stubbed.py:4: assert", "stubbed.py:2: 'unreachable'"]
 
