@@ -95,6 +95,15 @@ def test_file_and_tcp_init_methods(tmp_path, scheme):
     assert spawn.run(file_and_tcp_job, 2, method, init=False) == [(3.0, False)] * 2
 
 
+def test_tensorplay_timeout_is_the_worlds_timeout_when_none_is_passed(fake_world,
+                                                                      monkeypatch):
+    from tensorplay.distributed.world import current_world
+
+    monkeypatch.setenv("TENSORPLAY_TIMEOUT", "3")
+    fake_world(1, 4)
+    assert current_world("test").timeout.total_seconds() == 3.0
+
+
 def test_groups_of_a_destroyed_world_refuse_work_even_after_a_new_init(fake_world):
     fake_world(1, 4)
     old = dist.new_group([0, 1])
