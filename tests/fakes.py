@@ -111,6 +111,10 @@ class MemoryStore:
             self._data.dead = True
             self._data.cond.notify_all()
 
+    def connection(self) -> MemoryStore:
+        """A connection made before any fault (no round trip): a rank's own client."""
+        return MemoryStore(self._timeout, _data=self._data)
+
     @property
     def calls(self) -> int:
         """Round trips made to this store so far, by every connection."""
@@ -279,7 +283,7 @@ class ThreadRanks:
 
             self._worlds[rank] = World(
                 rank, self.n, "gloo", timedelta(seconds=self.timeout_s), self.engine,
-                self.store.clone(), strict=self.strict,
+                self.store.connection(), strict=self.strict,
                 host_pids=dict(self.host_pids) if self.host_pids is not None
                 else dict.fromkeys(range(self.n), os.getpid()))
         return self._worlds[rank]
