@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tensorplay.distributed import _hangs, _procfs
+from tests import spawn
 
-ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
 
 
@@ -74,7 +74,8 @@ def _launch(tmp: Path, body: str, *flags: str) -> tuple[subprocess.CompletedProc
     start = time.monotonic()
     res = subprocess.run([*LAUNCHER, "--nproc-per-node", "2", *flags, str(script)],
                          capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+                         env={**os.environ, "PYTHONPATH": spawn.pythonpath(),
+                              "OMP_NUM_THREADS": "1"})
     return res, time.monotonic() - start
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import netns
+from tests import netns, spawn
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def _launch(hosts: netns.Hosts, script: list[str], tmp: Path, nproc: int = 4,
                         "--nnodes", str(hosts.count), "--node-rank", str(i - 1),
                         "--nproc-per-node", str(nproc), "--master-addr", hosts.address(1),
                         "--master-port", PORT, *script], log,
-                    env={"PYTHONPATH": str(ROOT), **(env or {}).get(i, {})})
+                    env={"PYTHONPATH": spawn.pythonpath(), **(env or {}).get(i, {})})
         logs.append(log)
     return logs
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from tensorplay.distributed import _nodes
+from tests import spawn
 from tests.spawn import free_port
 
 LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class Nodes:
@@ -39,7 +39,7 @@ class Nodes:
                  "--master-addr", "127.0.0.1", "--master-port", self.port, *self.flags, *extra,
                  str(script)],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+                env={**os.environ, "PYTHONPATH": spawn.pythonpath(), "OMP_NUM_THREADS": "1",
                      **(env or {})})
         self.procs.append(proc)
         self.logs.append(log)
@@ -207,7 +207,8 @@ def test_the_launcher_serves_the_store_so_it_outlives_rank_0(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text(PLAIN_TORCH)
     res = subprocess.run([*LAUNCHER, "--nproc-per-node", "2", str(script)], capture_output=True,
-                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": spawn.pythonpath()})
     assert res.returncode == 0, res.stderr
     assert "[rank 1] store still served: rank 0 left" in res.stdout
 

@@ -43,7 +43,8 @@ def job_env(**extra: str) -> dict[str, str]:
     cores shared by more ranks: docs/engines.md)."""
     env = {k: v for k, v in os.environ.items()
            if k not in LAUNCH_VARS and not k.startswith(LAUNCH_PREFIXES)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT),
+                                                      env.get("PYTHONPATH")]))
     env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
     env.update(extra)
     return env
