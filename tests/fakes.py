@@ -228,7 +228,7 @@ class ThreadOps:
 class ThreadEngine:
     """An engine (``_engine.Engine``) for worlds whose ranks are threads: it has a store, is
     not simulated, words failures as the torch engine does (its ``classify``), and runs the
-    collectives of ``ThreadOps``. Groups other than the world's are not made here."""
+    collectives of ``ThreadOps`` (on any group: ``world.group(Ranks.of([...]))``)."""
 
     name = "threads"
 
@@ -238,6 +238,10 @@ class ThreadEngine:
         self.capabilities = Capabilities(simulated=False, has_store=True, can_abort=False)
         self._exchange = _Exchange()
         self._timeout_s = timeout_s
+
+    def new_group(self, name: str, ranks: Any, backend: str, timeout: Any, desc: str) -> str:
+        """A group of threads needs nothing made: its name stands for it."""
+        return name
 
     def ops(self, engine_group: Any, group: Any, failed: Any) -> ThreadOps:
         return ThreadOps(self._exchange, group, self._timeout_s)
