@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tensorplay.distributed.run import child_env, main, parse_args, parse_rank_list, untag
+from tests import timing
 
 LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
 PRELUDE = """\
@@ -63,8 +64,8 @@ def alive(pid: int) -> bool:
 
 
 def assert_all_gone(pids: list[int], within_s: float = 3.0) -> None:
-    """Every pid must have exited (within a short settling time)."""
-    deadline = time.monotonic() + within_s
+    """Every pid must have exited (within a short settling time, longer on a busy machine)."""
+    deadline = time.monotonic() + timing.bound(0, within_s)
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [p for p in pids if alive(p)] == []
@@ -253,7 +254,7 @@ def test_failed_rank_stops_the_others_and_its_code_is_returned(tmp_path):
     start = time.monotonic()
     res = run("--nproc-per-node", "4", job)
     assert res.returncode == 3
-    assert time.monotonic() - start < 20
+    assert time.monotonic() - start < timing.bound(0, 20)
     assert res.stderr.splitlines()[-1] == (
         "tensorplay-run: rank 1 failed first (exit code 3); stopped ranks 0, 2-3.")
     assert_all_gone(read_pids(tmp_path, 4) + read_pids(tmp_path, 3, tag="grandchild"))
@@ -283,7 +284,7 @@ def test_rank_ignoring_sigterm_is_killed_after_grace(tmp_path):
     start = time.monotonic()
     res = run("--nproc-per-node", "2", "--stop-grace-s", "0.5", job)
     assert res.returncode == 4
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < timing.bound(0.5, 9.5)  # --stop-grace-s 0.5
     assert_all_gone(read_pids(tmp_path, 2))
 
 
