@@ -12,6 +12,6 @@ import pytest
 def test_ruff_is_clean():
     pytest.importorskip("ruff")
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-m", "ruff", "check", "tensorplay", "tests", "bench",
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "src", "tests", "bench",
                            "examples"], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
