@@ -150,9 +150,11 @@ def test_a_broken_connection_with_nobody_dead_here_blames_another_host():
     start = time.monotonic()
     err = _consensus._diagnosed(world, "flatten() (cross-rank check #1)", 1,
                                RuntimeError("Connection closed by peer"), False)
-    assert time.monotonic() - start < timing.bound(_failures.DEATH_GRACE_S, 2)  # bounded grace
+    took = time.monotonic() - start  # a socket closes a moment before its process is reaped:
+    # the death is looked for that long (DEATH_GRACE_S), no longer
+    assert _failures.DEATH_GRACE_S <= took < timing.bound(_failures.DEATH_GRACE_S, 2), took
     assert isinstance(err, RankFailedError) and err.ranks is None
-    assert "a rank on another host probably did" in str(err)
+    assert "no rank on this host died, so a rank on another host probably did" in str(err)
 
 
 def test_a_timeout_names_the_missing_and_leaves_a_note_for_late_ranks():

@@ -15,7 +15,7 @@ import pytest
 from tensorplay.distributed import _progress, collectives
 from tests.fakes import ThreadRanks
 
-AFTER_S = 0.3  # TENSORPLAY_PROGRESS_S in these tests
+AFTER_S = 0.2  # TENSORPLAY_PROGRESS_S in these tests
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def _all_reduce(world, late_s: float = 0.0) -> None:
 
 def test_a_long_wait_says_what_it_waits_in_once(watched):
     ranks, notes = watched
-    late = threading.Thread(target=_all_reduce, args=(ranks.world(1), 6 * AFTER_S))
+    late = threading.Thread(target=_all_reduce, args=(ranks.world(1), 4 * AFTER_S))
     late.start()
     _all_reduce(ranks.world(0))  # waits for rank 1
     late.join()
