@@ -252,7 +252,7 @@ def test_failed_rank_stops_the_others_and_its_code_is_returned(tmp_path):
         time.sleep(60)
     """)
     start = time.monotonic()
-    res = run("--nproc-per-node", "4", job)
+    res = run("--nproc-per-node", "4", "--settle-s", "0.2", job)  # the others stop soon
     assert res.returncode == 3
     assert time.monotonic() - start < timing.bound(0, 20)
     assert res.stderr.splitlines()[-1] == (
@@ -266,7 +266,7 @@ def test_rank_killed_by_signal_is_named(tmp_path):
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)
     """)
-    res = run("--nproc-per-node", "2", job)
+    res = run("--nproc-per-node", "2", "--settle-s", "0.2", job)
     assert res.returncode == 128 + signal.SIGKILL
     assert "rank 0 failed first (killed by signal SIGKILL)" in res.stderr
 
@@ -282,9 +282,9 @@ def test_rank_ignoring_sigterm_is_killed_after_grace(tmp_path):
         time.sleep(60)
     """)
     start = time.monotonic()
-    res = run("--nproc-per-node", "2", "--stop-grace-s", "0.5", job)
+    res = run("--nproc-per-node", "2", "--stop-grace-s", "0.5", "--settle-s", "0.2", job)
     assert res.returncode == 4
-    assert time.monotonic() - start < timing.bound(0.5, 9.5)  # --stop-grace-s 0.5
+    assert time.monotonic() - start < timing.bound(0.7, 9.3)  # settle 0.2, stop grace 0.5
     assert_all_gone(read_pids(tmp_path, 2))
 
 
