@@ -96,13 +96,21 @@ def test_equal_counts_end_cleanly_and_every_rank_says_it_left():
     assert all(ranks.store.check([world.spmd.key("left/{rank}", rank=r)]) for r in range(8))
 
 
-def test_a_member_that_never_posts_is_logged_not_blamed(caplog, monkeypatch):
-    monkeypatch.setattr(_accounting, "GRACE_S", 0.2)
+def test_a_member_that_never_posts_is_logged_not_blamed(caplog):
+    """At the end the first member waits a moment for the others' counts (GRACE_S); one still
+    missing then may be slow, or stuck in the stray call: it is logged, not compared."""
     caplog.set_level(logging.WARNING, logger="tensorplay.distributed")
-    out = ThreadRanks(8).run(_counted(lambda rank: 3), ranks=[0, 1, 2, 4, 5, 6, 7])  # not 3
-    assert out == [None] * 8
-    assert any("rank 3 had not posted their call counts on the 'tp' group [0-3]"
-               in r.getMessage() for r in caplog.records), caplog.records
+    ranks = ThreadRanks(8)  # the 'tp' groups [0-3], [4-7]
+    for rank in (1, 2):  # rank 3 never posts
+        _tp(ranks.world(rank)).calls = 3
+        _accounting.post(ranks.world(rank), [_tp(ranks.world(rank))])
+    group = _tp(ranks.world(0))
+    group.calls = 3
+    _accounting.post(ranks.world(0), [group])
+    assert _accounting.mismatch(ranks.world(0), group, wait_s=0.2) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "collective accounting: rank 3 had not posted their call counts on the 'tp' group "
+        "[0-3] within 0.2 s; they were not compared"]
 
 
 def test_after_a_failed_collective_the_rank_with_the_extra_call_names_itself():

@@ -21,12 +21,12 @@ def _posted(store, key: str, within_s: float) -> bool:
 
 
 def test_a_wait_that_ends_quickly_writes_nothing(monkeypatch):
-    monkeypatch.setattr(_arrivals, "MARK_AFTER_S", 1.0)
+    monkeypatch.setattr(_arrivals, "MARK_AFTER_S", 0.6)
     store = MemoryStore()
     _arrivals.begin(store, "quick")
     time.sleep(0.05)
     _arrivals.end()
-    assert not _posted(store, "quick", within_s=1.0 + 3 * _arrivals.POLL_S)
+    assert not _posted(store, "quick", within_s=0.6 + 3 * _arrivals.POLL_S)
 
 
 def test_a_wait_that_lasts_is_marked_while_it_waits():

@@ -25,7 +25,7 @@ from tensorplay.distributed.errors import (
 from tests import timing
 from tests.fakes import ThreadRanks, exited_pid, raised
 
-TIMEOUT_S = 1.0  # the world timeout of the waits that are meant to expire
+TIMEOUT_S = 0.5  # the world timeout of the waits that are meant to expire
 
 
 def _agree(request_of):
@@ -144,7 +144,8 @@ def test_a_broken_connection_names_the_dead_and_the_missing():
     assert "Engine said: Connection reset by peer." in text and "Fix" in text
 
 
-def test_a_broken_connection_with_nobody_dead_here_blames_another_host():
+def test_a_broken_connection_with_nobody_dead_here_blames_another_host(monkeypatch):
+    monkeypatch.setattr(_failures, "DEATH_GRACE_S", 0.3)  # 1 s in the package
     world = ThreadRanks(4).world(0)
     _arrive(world, 1, range(4))
     start = time.monotonic()
