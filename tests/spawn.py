@@ -23,6 +23,15 @@ _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch"])  # imported once, in the server: each rank is a fork
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pythonpath() -> str:
+    """PYTHONPATH for a process a test starts: this checkout's package (src/) and its tests,
+    never another copy installed in the environment (an editable install of another tree)."""
+    return os.pathsep.join([os.path.join(ROOT, "src"), ROOT])
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:

@@ -1,9 +1,11 @@
-"""The chain of epochs of an elastic mesh (``_elastic``), on an in-memory store: one answer per
-grow poll, admission by token, the end of the job; and init_device_mesh's elastic arguments."""
+"""The chain of epochs of an elastic mesh (``_elastic``), on the tests' in-memory store: one
+answer per grow poll (also when the members poll at once, as threads), admission by token, the
+end of the job; and init_device_mesh's elastic arguments."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -18,35 +20,14 @@ from tensorplay.distributed.errors import (
     ShrinkError,
     UnknownDimError,
 )
-
-
-class Store:
-    """The store calls the chain makes, in a dict (compare_set as torch's: the first wins)."""
-
-    def __init__(self) -> None:
-        self.kv: dict[str, bytes] = {}
-
-    def set(self, key: str, value: str) -> None:
-        self.kv[key] = value.encode()
-
-    def get(self, key: str) -> bytes:
-        return self.kv[key]
-
-    def check(self, keys: list[str]) -> bool:
-        return all(k in self.kv for k in keys)
-
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
-        if key not in self.kv and expected == "":
-            self.kv[key] = desired.encode()
-        return self.kv[key]
-
+from tests.fakes import MemoryStore, ThreadRanks
 
 PLAN = Elastic(dim=0, minimum=1, full_shape=(2, 4), full_ranks=tuple(range(8)), epoch=1)
 MEMBERS = {0, 1, 2, 3}  # rank 5 lost at epoch 0: slice 1 removed, 4, 6, 7 spares
 
 
 def test_a_poll_grows_only_when_a_removed_slice_is_complete():
-    store = StoreBoard(Store())
+    store = StoreBoard(MemoryStore())
     for spare in (4, 6, 7):
         _elastic.want(store, spare, f"{100 + spare} hostA")
     assert _elastic.poll(store, PLAN, 1, MEMBERS) is None  # rank 5 not back yet
@@ -59,7 +40,7 @@ def test_a_poll_grows_only_when_a_removed_slice_is_complete():
 
 
 def test_every_member_reads_the_first_answer_of_a_poll():
-    store = StoreBoard(Store())
+    store = StoreBoard(MemoryStore())
     assert _elastic.poll(store, PLAN, 1, MEMBERS) is None  # the first member found nobody
     for r in (4, 5, 6, 7):
         _elastic.want(store, r, f"{r} hostA")
@@ -68,7 +49,7 @@ def test_every_member_reads_the_first_answer_of_a_poll():
 
 
 def test_the_first_record_of_what_follows_an_epoch_stands():
-    store = StoreBoard(Store())
+    store = StoreBoard(MemoryStore())
     shrink = {"epoch": 2, "shape": [1, 4], "ranks": [0, 1, 2, 3], "lost": [5]}
     assert _elastic.next_of(store, 1, shrink) == shrink
     assert _elastic.next_of(store, 1, {"epoch": 2, "shape": [2, 4]}) == shrink
@@ -77,7 +58,7 @@ def test_the_first_record_of_what_follows_an_epoch_stands():
 
 
 def test_a_waiting_rank_follows_the_chain_to_the_record_that_admits_it():
-    store = StoreBoard(Store())
+    store = StoreBoard(MemoryStore())
     _elastic.next_of(store, 0, {"epoch": 1, "shape": [1, 4], "ranks": [0, 1, 2, 3],
                                 "lost": [5]})
     old = {"epoch": 2, "shape": [2, 4], "ranks": list(range(8)), "admitted": {"5": "1 old"}}
@@ -90,11 +71,11 @@ def test_a_waiting_rank_follows_the_chain_to_the_record_that_admits_it():
 
 
 def test_a_waiting_rank_learns_that_the_job_ended_or_finished():
-    store = StoreBoard(Store())
+    store = StoreBoard(MemoryStore())
     _elastic.end(store, 0, "mesh dim 'dp' would keep 0 of its 2 slices")
     with pytest.raises(ShrinkError, match="rank 5 waited to join, but the job ended: mesh dim"):
         _elastic.await_admission(store, 5, "1 a", 0, timeout_s=1)
-    store = StoreBoard(Store())
+    store = StoreBoard(MemoryStore())
     _elastic.finish(store, 0, (1, 4), [0, 1, 2, 3])
     assert _elastic.await_admission(store, 5, "1 a", 0, timeout_s=1)["finished"] == (
         "the members finished at epoch 0")
@@ -102,7 +83,34 @@ def test_a_waiting_rank_learns_that_the_job_ended_or_finished():
 
 def test_a_waiting_rank_nobody_admits_times_out_saying_why():
     with pytest.raises(DistributedTimeoutError, match="no member admitted it.*mesh.grow()"):
-        _elastic.await_admission(StoreBoard(Store()), 5, "1 a", 0, timeout_s=0.1)
+        _elastic.await_admission(StoreBoard(MemoryStore()), 5, "1 a", 0, timeout_s=0.1)
+
+
+def test_members_polling_at_once_all_read_the_one_answer_and_the_waiting_ranks_are_admitted():
+    """Ranks 0-3 poll while 4-7 wait to join, every one on its own thread: each poll has one
+    answer on every member, and each waiting rank follows the chain to the record admitting
+    it."""
+    ranks = ThreadRanks(8, timeout_s=10)
+
+    def rank_main(world):
+        if world.rank in MEMBERS:
+            for n in range(1, 200):
+                grown = _elastic.poll(world.control, PLAN, n, MEMBERS)
+                if grown is not None:  # as elastic.mesh.grow: it becomes what follows the epoch
+                    return n, _elastic.next_of(world.control, PLAN.epoch, grown)
+                time.sleep(0.01)
+            return None
+        return _elastic.await_admission(world.control, world.rank, f"{world.rank} hostA",
+                                        PLAN.epoch, timeout_s=10)
+
+    out = ranks.run(rank_main)
+    assert len({json.dumps(o, sort_keys=True) for o in out[:4]}) == 1, out[:4]  # one answer
+    n, grown = out[0]
+    assert grown["shape"] == [2, 4] and grown["fresh"] == [4, 5, 6, 7], grown
+    assert out[4:] == [grown] * 4
+    for earlier in range(1, n):  # the polls before found a slice still incomplete
+        key = _keys.ELASTIC_POLL.format(epoch=PLAN.epoch, n=earlier)
+        assert json.loads(ranks.store.get(key)) == {}
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import netns
+from tests import netns, spawn, timing
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def _launch(hosts: netns.Hosts, script: list[str], tmp: Path, nproc: int = 4,
                         "--nnodes", str(hosts.count), "--node-rank", str(i - 1),
                         "--nproc-per-node", str(nproc), "--master-addr", hosts.address(1),
                         "--master-port", PORT, *script], log,
-                    env={"PYTHONPATH": str(ROOT), **(env or {}).get(i, {})})
+                    env={"PYTHONPATH": spawn.pythonpath(), **(env or {}).get(i, {})})
         logs.append(log)
     return logs
 
@@ -62,7 +62,8 @@ def test_a_loopback_interface_across_hosts_fails_at_once_naming_the_host(tmp_pat
     assert ("BackendError: host hostB: GLOO_SOCKET_IFNAME=lo makes gloo advertise a loopback "
             "address, which ranks on other hosts cannot reach") in text, text
     assert "Fix: unset GLOO_SOCKET_IFNAME, or set GLOO_SOCKET_IFNAME=" in text
-    assert took < 45  # seconds (most of it importing torch on 4 ranks), not a timeout
+    assert took < timing.bound(0, 45)  # seconds (most of it importing torch on 4 ranks), not a
+    # timeout
 
 
 KILLED_JOB = '''
@@ -113,7 +114,13 @@ for step in range(100000):
 '''
 GRACE_S = 3  # TENSORPLAY_NODE_GRACE_S for these tests (default 10; bench/failover.py runs
 # the same faults with the defaults, against the 15 s goal)
-WITHIN_S = GRACE_S + 5  # every launcher has exited by then
+WITHIN_S = 5  # and every launcher has exited GRACE_S + this after the fault on a quiet machine
+
+
+def _within_s() -> float:
+    """The bound on each launcher's exit after the fault: the grace, plus WITHIN_S scaled to
+    the machine's speed (tests/timing.py)."""
+    return timing.bound(GRACE_S, WITHIN_S)
 
 
 def _running_loop(hosts: netns.Hosts, tmp: Path) -> list[Path]:
@@ -173,7 +180,7 @@ def test_a_frozen_host_has_its_ranks_killed_as_hung_and_both_launchers_stop(tmp_
 
     with netns.Hosts(2) as hosts:
         took, texts = _after_fault(hosts, tmp_path, freeze_host_b)
-    assert all(t is not None and t < WITHIN_S for t in took), (took, texts)
+    assert all(t is not None and t < _within_s() for t in took), (took, timing.describe(), texts)
     assert "tensorplay-run: rank 2 hung on host hostB: its process was stopped (SIGSTOP) for " \
         in texts[1], texts[1]
     assert "tensorplay-run: the job stopped because node 1 (hostB) failed: rank " in texts[0], \
@@ -193,7 +200,7 @@ def test_the_host_serving_the_store_killed_stops_the_other_host_quickly(tmp_path
     with netns.Hosts(2) as hosts:
         took, texts = _after_fault(hosts, tmp_path, kill_host_a)
     text = texts[1]
-    assert took[1] is not None and took[1] < WITHIN_S, (took, text)
+    assert took[1] is not None and took[1] < _within_s(), (took, timing.describe(), text)
     assert hosts.procs[1].returncode not in (0, None)
     assert "RankFailedError" in text or "the job stopped because node 0 (hostA" in text, text
     _assert_clean([text])
@@ -204,7 +211,7 @@ def test_a_cut_link_among_three_hosts_stops_every_launcher_naming_it(tmp_path):
     netns.require()
     with netns.Hosts(3) as hosts:
         took, texts = _after_fault(hosts, tmp_path, lambda: hosts.cut(3))
-    assert all(t is not None and t < WITHIN_S for t in took), (took, texts)
+    assert all(t is not None and t < _within_s() for t in took), (took, timing.describe(), texts)
     for text in texts[:2]:  # hosts A and B: node 0 posted the verdict, B read it
         assert ("the job stopped because node 2 (hostC, ranks 4-5) went silent: no heartbeat "
                 "for ") in text, text

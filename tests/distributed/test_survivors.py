@@ -1,72 +1,93 @@
-"""Agreement on the lost ranks: real processes, one real store (served apart from the ranks,
-as tensorplay-run serves it), every survivor gets the same answer or the same refusal."""
+"""Agreement on the lost ranks (``elastic.survivors.agree_lost``): five ranks as threads over
+one store (``tests.fakes.ThreadRanks``); every survivor gets the same answer or the same
+refusal. The same in real jobs under tensorplay-run (a kill, a hang, a straggler) is in
+test_recover.py."""
 
 from __future__ import annotations
 
 import re
 import time
-from datetime import timedelta
 
 import pytest
 
-from tests import spawn
+from tensorplay.distributed import _keys
+from tensorplay.distributed.elastic import survivors as _survivors
+from tensorplay.distributed.errors import ShrinkError, StaleEpochError
+from tests import timing
+from tests.fakes import ThreadRanks
 
-pytestmark = [pytest.mark.slow, pytest.mark.faults]  # five fresh processes; absent, late ranks
+MEMBERS = range(5)
+GRACE_S = 0.5  # SUSPECT_GRACE_S in these tests (3 s in the package), so they run in a second
 
 
-def _rounds(rank: int, port: int) -> dict[str, object]:
-    import torch.distributed as tdist
+@pytest.fixture(autouse=True)
+def _short_grace(monkeypatch):
+    monkeypatch.setattr(_survivors, "SUSPECT_GRACE_S", GRACE_S)
 
-    from tensorplay.distributed import ShrinkError, StaleEpochError
-    from tensorplay.distributed._control_store import StoreBoard
-    from tensorplay.distributed.elastic.survivors import agree_lost
 
-    board = StoreBoard(tdist.TCPStore("127.0.0.1", port, None, False,
-                                      timeout=timedelta(seconds=30)))
-    members = range(5)
-    out: dict[str, object] = {}
-    rounds = ["one lost", "none lost", "late", "no majority"]  # each in an epoch of its own
+ROUNDS: dict[str, int] = {}  # each round's name -> the epoch it runs in (a key space of its own)
 
-    def attempt(name: str, suspects=(), **kw) -> None:
+
+def _attempt(name: str, suspects=lambda rank: (), late=(), dead=lambda rank: (), **kw):
+    """A rank's body: agree_lost at round ``name``; (what it returned or raised, seconds).
+    The ranks in ``late`` come only once the others have posted their verdict."""
+    epoch = ROUNDS.setdefault(name, len(ROUNDS))
+
+    def body(world):
+        if world.rank in late:
+            world.store.get(_keys.RECOVER_VERDICT.format(epoch=epoch))  # waits for it
         start = time.monotonic()
         try:
-            out[name] = agree_lost(board, rounds.index(name), rank, members, suspects, **kw)
+            got = _survivors.agree_lost(world.control, epoch, world.rank, MEMBERS,
+                                        suspects(world.rank), dead=lambda: dead(world.rank), **kw)
         except (ShrinkError, StaleEpochError) as err:
-            out[name] = f"{type(err).__name__}: {err}"
-        out[name + " s"] = time.monotonic() - start
-
-    if rank != 3:  # rank 3 never comes: its peers 2 and 4 saw it go
-        attempt("one lost", {3} if rank in (2, 4) else (), wait_s=5)
-    attempt("none lost", {2} if rank == 1 else (), wait_s=5)  # 2 is alive after all
-    if rank == 4:
-        time.sleep(2)
-    attempt("late", wait_s=1)
-    if rank < 2:
-        attempt("no majority", timeout_s=2)
-    return out
+            got = f"{type(err).__name__}: {err}"
+        return got, time.monotonic() - start
+    return body
 
 
-def test_survivors_agree_on_the_lost_and_refuse_without_a_majority():
-    import torch.distributed as tdist
+def test_a_suspected_rank_that_never_comes_is_lost_after_the_grace_not_the_wait():
+    wait_s = timing.bound(GRACE_S, 3)
+    out = ThreadRanks(5).run(_attempt("one lost", lambda r: {3} if r in (2, 4) else (),
+                                      wait_s=wait_s), ranks=[0, 1, 2, 4])
+    for rank in (0, 1, 2, 4):
+        got, took = out[rank]
+        assert got == [3], (rank, got)
+        assert took < wait_s, (rank, took, timing.describe())  # no wait_s spent on it
 
-    server = tdist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    results = spawn.run(_rounds, 5, server.port, init=False, timeout=90)
-    for rank, got in enumerate(results):
-        if rank != 3:
-            assert got["one lost"] == [3], (rank, got)
-            assert got["one lost s"] < 4, (rank, got)  # suspected: no wait_s (5 s) spent on it
-        assert got["none lost"] == [], (rank, got)
-        if rank != 4:
-            assert got["late"] == [4], (rank, got)
+
+def test_a_rank_seen_dead_is_lost_at_once(monkeypatch):
+    grace_s = timing.bound(GRACE_S, 2)
+    monkeypatch.setattr(_survivors, "SUSPECT_GRACE_S", grace_s)
+    out = ThreadRanks(5).run(_attempt("seen dead", dead=lambda r: {3} if r == 2 else (),
+                                      wait_s=2 * grace_s), ranks=[0, 1, 2, 4])
+    for rank in (0, 1, 2, 4):
+        got, took = out[rank]
+        assert got == [3] and took < grace_s, (rank, got, took)  # no grace, no wait
+
+
+def test_a_suspect_that_is_alive_after_all_is_not_lost():
+    out = ThreadRanks(5).run(_attempt("none lost", lambda r: {2} if r == 1 else (), wait_s=5))
+    assert [got for got, _ in out] == [[]] * 5, out
+
+
+def test_a_rank_that_comes_after_the_verdict_is_told_it_was_lost():
+    out = ThreadRanks(5).run(_attempt("late", late={4}, wait_s=0.3))
+    assert [got for got, _ in out[:4]] == [[4]] * 4, out
     assert re.fullmatch(
         r"StaleEpochError: rank 4 reached the recovery after the others had agreed it was lost "
-        r"\(lost: 4; decided by rank [0-3] after 1\.\d s, the wait ran out; seen dead: none; "
-        r"suspected: none\); it must leave the job\. Fix: make it reach the recovery sooner, or "
-        r"raise the wait", got["late"]), got["late"]
+        r"\(lost: 4; decided by rank [0-3] after (0\.[3-9]|[1-9]\d*\.\d) s, the wait ran out; "
+        r"seen dead: none; suspected: none\); it must leave the job\. Fix: make it reach the "
+        r"recovery sooner, or raise the wait", out[4][0]), out[4]
+
+
+def test_without_a_majority_every_survivor_gets_the_same_refusal():
+    out = ThreadRanks(5).run(_attempt("no majority", timeout_s=0.5), ranks=[0, 1])
     for rank in (0, 1):
         assert re.fullmatch(
             r"ShrinkError: only ranks 0-1 of 5 members came to the recovery \(decided by rank "
-            r"[01] after 2\.\d s, the wait ran out; seen dead: none; suspected: none\): no "
-            r"majority of the members not seen dead, so no part of the job may go on alone\. "
-            r"Fix: restart the job from its last checkpoint", results[rank]["no majority"]
-        ), results[rank]
+            r"[01] after (0\.[5-9]|[1-9]\d*\.\d) s, the wait ran out; seen dead: none; "
+            r"suspected: none\): no majority of the members not seen dead, so no part of the job "
+            r"may go on alone\. "
+            r"Fix: restart the job from its last checkpoint", out[rank][0]), out[rank]
+    assert out[0][0] == out[1][0]  # the same words: one verdict, read by both

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tensorplay.distributed as dist
-from tests import spawn
+from tests import spawn, timing
 
 
 def queries_job(rank: int):
@@ -57,7 +57,7 @@ def test_rendezvous_names_the_rank_that_never_came():
     results = spawn.run(lonely_rendezvous, 2, init=False, timeout=90)
     missing, text, elapsed = results[0]
     assert missing == [2] and "rank 2" in text and "rendezvous" in text
-    assert elapsed < 45
+    assert elapsed < timing.bound(0, 45), timing.describe()
     assert results[1][0] in ([2], None)  # rank 1 may find the store already gone
 
 
@@ -93,6 +93,15 @@ def test_file_and_tcp_init_methods(tmp_path, scheme):
     method = (f"file://{tmp_path}/rendezvous" if scheme == "file"
               else f"tcp://127.0.0.1:{spawn.free_port()}")
     assert spawn.run(file_and_tcp_job, 2, method, init=False) == [(3.0, False)] * 2
+
+
+def test_tensorplay_timeout_is_the_worlds_timeout_when_none_is_passed(fake_world,
+                                                                      monkeypatch):
+    from tensorplay.distributed.world import current_world
+
+    monkeypatch.setenv("TENSORPLAY_TIMEOUT", "3")
+    fake_world(1, 4)
+    assert current_world("test").timeout.total_seconds() == 3.0
 
 
 def test_groups_of_a_destroyed_world_refuse_work_even_after_a_new_init(fake_world):
@@ -178,7 +187,7 @@ def test_with_nobody_listening_the_probe_gives_up_at_its_deadline():
 
     start = time.monotonic()
     _netif.await_listener("127.0.0.1", spawn.free_port(), start + 0.5)
-    assert 0.5 <= time.monotonic() - start < 10
+    assert 0.5 <= time.monotonic() - start < timing.bound(0.5, 9.5)
 
 
 def test_a_new_epoch_makes_fresh_groups_and_keys(fake_world):
@@ -230,7 +239,7 @@ def test_a_port_in_use_is_said_at_once_not_as_a_timeout(monkeypatch):
         with pytest.raises(dist.BackendError, match=r"rank 0 cannot listen on 127\.0\.0\.1:\d+ "
                            r"for the rendezvous store: \[Errno 98\] Address already in use"):
             dist.init_process_group("gloo", timeout=60)
-        assert time.monotonic() - start < 10
+        assert time.monotonic() - start < timing.bound(0, 10)  # at once, not at the timeout
         assert not dist.is_initialized()
     finally:
         taken.close()

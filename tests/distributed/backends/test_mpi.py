@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import timing
+
 ROOT = Path(__file__).resolve().parents[3]
 JOBS = Path(__file__).resolve().parent / "mpi_jobs.py"
 RESULTS = ROOT / "build" / "mpi_results"  # build/ is ignored by git
@@ -43,7 +45,8 @@ def job_env(**extra: str) -> dict[str, str]:
     cores shared by more ranks: docs/engines.md)."""
     env = {k: v for k, v in os.environ.items()
            if k not in LAUNCH_VARS and not k.startswith(LAUNCH_PREFIXES)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT),
+                                                      env.get("PYTHONPATH")]))
     env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
     env.update(extra)
     return env
@@ -188,7 +191,7 @@ def test_a_rank_that_ends_later_without_a_collective_is_not_a_failure():
     they left), and the job ends cleanly."""
     code, out, took = mpiexec(4, "late")
     assert code == 0, out[-4000:]
-    assert 3 <= took < 30
+    assert 3 <= took < timing.bound(0, 30), timing.describe()
 
 
 def test_the_mpi_engine_refuses_a_world_of_one_under_tensorplay_run():
@@ -235,11 +238,17 @@ def test_the_default_backend_follows_the_launcher(extra, chosen):
 FAULT_TIMEOUT_S = "4"
 
 
+def _far_below_60_s() -> float:
+    """A bound on a job with a 60 s timeout that must end long before it: 20 s on a quiet
+    machine, more on a busy one, never so much that waiting out the 60 s would pass."""
+    return min(timing.bound(0, 20), 45)
+
+
 @pytest.mark.slow
 @pytest.mark.faults
 def test_a_rank_that_raises_aborts_the_job_naming_itself():
     code, out, took = mpiexec(4, "raise", JOB_TIMEOUT=FAULT_TIMEOUT_S)
-    assert code != 0 and took < 20, (code, took, out[-3000:])
+    assert code != 0 and took < timing.bound(4, 16), (code, took, out[-3000:])
     assert "RuntimeError: rank 2 fails on purpose" in out
     assert ("tensorplay.distributed: rank 2 ended with an uncaught RuntimeError (so that no "
             "rank waits for it); aborting the MPI job (MPI_Abort)") in out
@@ -249,7 +258,7 @@ def test_a_rank_that_raises_aborts_the_job_naming_itself():
 @pytest.mark.faults
 def test_a_rank_that_exits_early_is_named_by_the_ranks_waiting_for_it():
     code, out, took = mpiexec(4, "exit", JOB_TIMEOUT="60")
-    assert code != 0 and took < 20, (code, took, out[-3000:])  # far below the 60 s timeout
+    assert code != 0 and took < _far_below_60_s(), (code, took, out[-3000:])
     assert ("RankFailedError: all_reduce() on the world group [0-3] failed: rank 2 left the "
             "job (its script ended, or it exited) while rank") in out, out[-3000:]
 
@@ -274,7 +283,7 @@ def test_a_killed_rank_ends_the_job_and_its_exit_code_names_it():
     any watchdog can speak, and names the pid of whichever rank it reaped first (measured: not
     always the dead one); with -print-all-exitcodes the dead rank's code is 9."""
     code, out, took = mpiexec(4, "kill", JOB_TIMEOUT="60", flags=("-print-all-exitcodes",))
-    assert code != 0 and took < 20, (code, took, out[-3000:])
+    assert code != 0 and took < _far_below_60_s(), (code, took, out[-3000:])
     codes = re.search(r"Exit codes: \[\S+\] ([\d,]+)", out)
     assert codes is not None and codes[1].split(",")[2] == "9", out[-3000:]
     assert sorted(pids_of(out)) == [0, 1, 2, 3]
@@ -301,7 +310,7 @@ def test_a_killed_rank_is_named_by_its_rank_when_mpiexec_lets_the_others_speak()
 @pytest.mark.faults
 def test_a_hung_rank_is_named_at_the_timeout():
     code, out, took = mpiexec(4, "hang", JOB_TIMEOUT=FAULT_TIMEOUT_S)
-    assert code != 0 and took < 25, (code, took, out[-3000:])
+    assert code != 0 and took < timing.bound(4, 21), (code, took, out[-3000:])
     assert ("DistributedTimeoutError: timed out after 4 s in all_reduce() on the world group "
             "[0-3]: rank 2 never came: busy in its own code, in no call of this package") in out, \
         out[-3000:]
@@ -328,5 +337,5 @@ def test_a_stray_call_is_named_with_the_counts_long_before_the_timeout():
 @pytest.mark.faults
 def test_a_member_that_never_makes_its_group_is_named():
     code, out, took = mpiexec(4, "absent", JOB_TIMEOUT=FAULT_TIMEOUT_S)
-    assert code != 0 and took < 25, (code, took, out[-3000:])
+    assert code != 0 and took < timing.bound(4, 21), (code, took, out[-3000:])
     assert "rank 3 never came" in out, out[-3000:]

@@ -1,0 +1,57 @@
+"""How slow this machine is now: the one source of the margins of the tests' time bounds.
+
+A test that asserts speed ("the launcher stopped within the node grace plus a little") bounds
+the time by what it configured (a grace, a world timeout) plus a margin for the work around it
+(starting processes, importing torch, reaping). On a busy machine that work takes longer, so
+the margin is scaled by ``factor()``: how much slower than a quiet machine a fixed small CPU
+workload runs here (timed once per session), or the load average per core, whichever is more;
+never below 1. ``bound(configured, margin)`` is the bound to assert.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+QUIET_WORKLOAD_S = 0.0095  # the workload's best time on one quiet core of the reference machine
+# (2 cores: 0.0095-0.0098 s best of 15, beside a test run at load average 1.5)
+_ROUNDS = 7
+
+
+def _workload() -> float:
+    """Seconds one fixed small CPU-bound job takes (pure Python: the interpreter's speed)."""
+    start = time.perf_counter()
+    total = 0
+    for i in range(200_000):
+        total += i * i % 7
+    return time.perf_counter() - start
+
+
+@functools.cache
+def _measured() -> float:
+    """The workload's slowdown against a quiet machine: the median of a few rounds (a median,
+    not the best, so that sharing the cores with other work shows)."""
+    times = sorted(_workload() for _ in range(_ROUNDS))
+    return times[_ROUNDS // 2] / QUIET_WORKLOAD_S
+
+
+def factor() -> float:
+    """How many times slower than a quiet machine this one runs now; >= 1."""
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] / cores if hasattr(os, "getloadavg") else 0.0
+    return max(1.0, _measured(), load)
+
+
+def bound(configured_s: float, margin_s: float) -> float:
+    """A time bound: what the test configured (a grace, a timeout) plus ``margin_s`` for the
+    work around it, that margin scaled by ``factor()``."""
+    return configured_s + margin_s * factor()
+
+
+def describe() -> str:
+    """'speed factor 1.3 (workload 1.1, load 2.6 on 2 cores)', for a failing test's message."""
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return (f"speed factor {factor():.2f} (workload {_measured():.2f}, load {load:.2f} on "
+            f"{cores} cores)")
