@@ -19,7 +19,7 @@ from tests import timing
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LIMIT_S = 150  # every job ends well within this, or the test fails (and its ranks are killed)
 QUICK = ["--steps", "7", "--step-s", "0.2", "--verbose"]  # no replacement to wait for
 
