@@ -1,11 +1,16 @@
 """Shared fixtures: one pool of 8 real gloo ranks for the whole session (spawning is slow),
-and the guard of the two test tiers (docs/testing.md)."""
+the guard of the two test tiers (docs/testing.md), and how many cases each property test draws
+in each tier."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests import spawn
+from tests import laws, spawn
+
+
+def pytest_configure(config):
+    laws.choose(config.getoption("markexpr") or "")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects anything: every collected test is seen

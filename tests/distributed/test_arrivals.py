@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tensorplay.distributed import _arrivals
 from tests.fakes import MemoryStore
+from tests.laws import examples
 
 
 def _posted(store, key: str, within_s: float) -> bool:
@@ -56,7 +57,7 @@ def _holding(keys) -> MemoryStore:
     return store
 
 
-@settings(max_examples=60, deadline=None)
+@examples(0.6)
 @given(st.integers(0, 300).flatmap(
     lambda n: st.tuples(st.just(n), st.sets(st.integers(0, max(n - 1, 0)), max_size=n))))
 def test_unset_finds_exactly_the_keys_nobody_set(case):

@@ -12,12 +12,13 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from tensorplay.distributed._layout import Layout, fit
+from tests.laws import examples
 
-LAWS = settings(max_examples=100, deadline=None)
+LAWS = examples(1.0)
 
 # -- the brute-force reference ------------------------------------------------------------
 

@@ -11,13 +11,14 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tensorplay.distributed._layout import Layout
 from tensorplay.distributed._mesh_spec import MeshSpec, Ranks
+from tests.laws import examples
 
-LAWS = settings(max_examples=80, deadline=None)
+LAWS = examples(0.8)
 NAMES = ("a", "b", "c", "d", "e")
 
 # -- the brute-force reference ------------------------------------------------------------

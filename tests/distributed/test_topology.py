@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tensorplay.distributed._mesh_spec import MeshSpec
@@ -22,6 +22,7 @@ from tensorplay.distributed._topology import (
     hosts_simulated,
 )
 from tensorplay.distributed.errors import ArgumentError, ArgumentTypeError
+from tests.laws import examples
 
 
 def round_robin(n_hosts: int):
@@ -174,7 +175,7 @@ def shapes_and_hosts(draw):
     return shape, list(labels), n_hosts
 
 
-@settings(max_examples=150, deadline=None)
+@examples(1.5)
 @given(shapes_and_hosts())
 def test_host_aware_order_laws(case):
     shape, labels, n_hosts = case

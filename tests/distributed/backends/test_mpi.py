@@ -35,9 +35,11 @@ LAUNCH_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL", "HYDRA_")
 LAUNCH_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TENSORPLAY_LAUNCHER", "GROUP_RANK"}
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
-    reason="the MPI engine needs mpi4py and mpiexec: pip install -e '.[mpi]'")
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
+                       reason="the MPI engine needs mpi4py and mpiexec: pip install -e '.[mpi]'"),
+    pytest.mark.slow,  # every test runs mpiexec jobs (test_bad_inputs' MPI rows stay daily)
+]
 
 
 def job_env(**extra: str) -> dict[str, str]:
@@ -123,7 +125,6 @@ def expected(r: int, n: int) -> dict[str, object]:
     }
 
 
-@pytest.mark.slow  # its ranks import torch (2-3 s each on 2 cores)
 def test_every_collective_on_a_mesh_matches_numpy_with_arrays_and_tensors():
     n = 4
     code, out, _ = mpiexec(n, "collectives")
@@ -185,7 +186,6 @@ def test_a_world_started_by_the_users_mpi4py_is_adopted_and_its_communicators_wr
     assert results() == {r: [[2.0], 2, [1, 0], [1.0]] for r in (0, 1)}
 
 
-@pytest.mark.slow  # waits 3 s on purpose
 def test_a_rank_that_ends_later_without_a_collective_is_not_a_failure():
     """Ranks 1-3 end their script 3 s before rank 0 does: they wait for it at exit (and say
     they left), and the job ends cleanly."""
@@ -244,7 +244,6 @@ def _far_below_60_s() -> float:
     return min(timing.bound(0, 20), 45)
 
 
-@pytest.mark.slow
 @pytest.mark.faults
 def test_a_rank_that_raises_aborts_the_job_naming_itself():
     code, out, took = mpiexec(4, "raise", JOB_TIMEOUT=FAULT_TIMEOUT_S)
@@ -254,7 +253,6 @@ def test_a_rank_that_raises_aborts_the_job_naming_itself():
             "rank waits for it); aborting the MPI job (MPI_Abort)") in out
 
 
-@pytest.mark.slow
 @pytest.mark.faults
 def test_a_rank_that_exits_early_is_named_by_the_ranks_waiting_for_it():
     code, out, took = mpiexec(4, "exit", JOB_TIMEOUT="60")
@@ -276,7 +274,6 @@ def pids_of(out: str) -> dict[int, int]:
     return pids
 
 
-@pytest.mark.slow
 @pytest.mark.faults
 def test_a_killed_rank_ends_the_job_and_its_exit_code_names_it():
     """By default MPICH's mpiexec SIGKILLs every rank within milliseconds of the death, before
@@ -289,7 +286,6 @@ def test_a_killed_rank_ends_the_job_and_its_exit_code_names_it():
     assert sorted(pids_of(out)) == [0, 1, 2, 3]
 
 
-@pytest.mark.slow
 @pytest.mark.faults
 def test_a_killed_rank_is_named_by_its_rank_when_mpiexec_lets_the_others_speak():
     """Each rank runs under a shell that lingers after python ends (a wrapper script, say), so
@@ -306,7 +302,6 @@ def test_a_killed_rank_is_named_by_its_rank_when_mpiexec_lets_the_others_speak()
     assert "; aborting the MPI job (MPI_Abort)" in out
 
 
-@pytest.mark.slow
 @pytest.mark.faults
 def test_a_hung_rank_is_named_at_the_timeout():
     code, out, took = mpiexec(4, "hang", JOB_TIMEOUT=FAULT_TIMEOUT_S)
@@ -317,7 +312,6 @@ def test_a_hung_rank_is_named_at_the_timeout():
     assert "; aborting the MPI job (MPI_Abort)" in out
 
 
-@pytest.mark.slow
 @pytest.mark.faults
 def test_a_stray_call_is_named_with_the_counts_long_before_the_timeout():
     """Rank 2 calls all_reduce once more than ranks 0, 1, 3, which reach destroy and tell it
@@ -333,7 +327,6 @@ def test_a_stray_call_is_named_with_the_counts_long_before_the_timeout():
     assert "DistributedTimeoutError" not in out, out[-3000:]
 
 
-@pytest.mark.slow
 @pytest.mark.faults
 def test_a_member_that_never_makes_its_group_is_named():
     code, out, took = mpiexec(4, "absent", JOB_TIMEOUT=FAULT_TIMEOUT_S)
