@@ -368,3 +368,41 @@ def test_a_million_rank_view_costs_o_ndim(fake_world):
     assert expert.get_rank(coord) == 123_457
     assert expert.get_group("ep").ranks[:2] == [123_456 - 123_456 % 64,
                                                 123_456 - 123_456 % 64 + 1]
+
+
+# -- real gloo ranks: views move the right bytes, and become torch meshes ------------------------
+
+
+def views_job(rank: int):
+    import torch
+    import torch.distributed as torch_dist
+
+    def summed(group) -> int:
+        x = torch.tensor([float(rank)])
+        dist.all_reduce(x, group=group)
+        return int(x.item())
+
+    dense = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
+    cp_tp = dense["cp", "tp"].flatten()
+    expert = dense.reshape((2, 4), ("dp", "ep"), shared=("dp",))
+    cut = init_device_mesh("cpu", (2, 4), mesh_dim_names=("x", "y")).reshape((4, 2), ("a", "b"))
+    torch_expert, torch_cut = expert.to_torch(), cut.to_torch()
+    return {
+        "ep": expert.get_group("ep").ranks, "ep_sum": summed(expert.get_group("ep")),
+        "ep_is_cp_tp": expert.get_group("ep") is cp_tp.get_group(),
+        "torch_ep": torch_dist.get_process_group_ranks(torch_expert.get_group("ep")),
+        "same_root": torch_expert._get_root_mesh() is dense.to_torch(),
+        "torch_cut": [torch_dist.get_process_group_ranks(torch_cut.get_group(n)) for n in "ab"],
+        "cut": [cut.get_group(n).ranks for n in "ab"],
+    }
+
+
+@pytest.mark.slow
+def test_views_on_gloo_move_data_and_convert_to_torch(world8):
+    array = np.arange(8)
+    for rank, out in enumerate(world8.run(views_job)):
+        ep = ref_line(array.reshape(2, 4), rank, 1)
+        assert out["ep"] == out["torch_ep"] == ep and out["ep_sum"] == sum(ep)
+        assert out["ep_is_cp_tp"] and out["same_root"]
+        assert out["torch_cut"] == out["cut"] == [ref_line(array.reshape(4, 2), rank, d)
+                                                  for d in (0, 1)]
