@@ -28,6 +28,7 @@ def describe(
     host_of: HostOf | None = None,
     device_type: str = "cpu",
     backends: Sequence[str] | None = None,
+    roles: Sequence[str | None] | None = None,
 ) -> str:
     """The report as text (several lines, no trailing newline); see the module docstring."""
     if rank is not None and not is_int(rank):
@@ -45,7 +46,10 @@ def describe(
         ids = host_ids(host_of, array)[0]
     out = _header(spec, device_type, host_of, ids, rank is None)
     out += ["", *_grid(spec)]
-    out += ["", *_dims(spec, host_of, ids, backends)]
+    if roles is not None and len(roles) != spec.ndim:
+        raise bad_argument("roles", roles, f"has {len(roles)} entries for {spec.ndim} dims",
+                           "give one role (or None) per dim")
+    out += ["", *_dims(spec, host_of, ids, backends, roles)]
     if rank is not None:
         out += ["", *_rank(spec, int(rank), host_of)]
     if ids is not None:
@@ -74,8 +78,10 @@ def _header(spec: MeshSpec, device_type: str, host_of, ids, per_rank: bool) -> l
     return [head, *_pairs(rows)]
 
 
-def _dims(spec: MeshSpec, host_of, ids, backends) -> list[str]:
+def _dims(spec: MeshSpec, host_of, ids, backends, roles=None) -> list[str]:
     headers = ["dim", "name", "size", "groups"]
+    if roles is not None:
+        headers.insert(2, "role")
     crossing = None
     if host_of is not None:
         headers.append("crossing hosts")
@@ -87,6 +93,8 @@ def _dims(spec: MeshSpec, host_of, ids, backends) -> list[str]:
     for d, size in enumerate(spec.shape):
         groups = spec.size // size
         row = [str(d), spec.names[d] if spec.names else "-", f"{size:,}", f"{groups:,}"]
+        if roles is not None:
+            row.insert(2, roles[d] or "-")
         if host_of is not None:
             row.append("not computed" if crossing is None else f"{crossing[d]:,} of {groups:,}")
         if backends is not None:

@@ -12,6 +12,7 @@ ranks and backend, and are made eagerly, dimension by dimension, by their member
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from ._consensus import agree
 from ._engine import MeshView, NativeMesh, NativeMeshes
 from ._failures import named_failures
 from ._mesh_spec import MeshSpec
+from ._roles import AbstractMesh, Roles, as_dict, dim_roles, merged_role
 from .errors import (
     ArgumentError,
     BackendError,
@@ -29,6 +31,7 @@ from .errors import (
     UnknownDimError,
     bad_argument,
     bad_type,
+    format_ranks,
     is_int,
 )
 from .process_group import ProcessGroup
@@ -49,13 +52,14 @@ class DeviceMesh:
     root and backends) compare and hash equal.
     """
 
-    __slots__ = ("_world", "_device_type", "_spec", "_root", "_backends", "_groups")
+    __slots__ = ("_world", "_device_type", "_spec", "_root", "_backends", "_groups", "_roles")
     _world: World
     _device_type: str
     _spec: MeshSpec
     _root: MeshSpec
     _backends: tuple[str, ...]
     _groups: tuple[ProcessGroup, ...]
+    _roles: Roles
 
     def __init__(
         self,
@@ -80,17 +84,21 @@ class DeviceMesh:
         self._set(world, device, spec, spec, backends, _make_groups(world, spec, backends))
 
     def _set(self, world: World, device: str, spec: MeshSpec, root: MeshSpec,
-             backends: tuple[str, ...], groups: tuple[ProcessGroup, ...]) -> None:
-        """Fill the fields, once: ``groups`` holds this rank's group per dim, () outside."""
-        values = (world, device, spec, root, backends, groups)
+             backends: tuple[str, ...], groups: tuple[ProcessGroup, ...],
+             roles: Roles | None = None) -> None:
+        """Fill the fields, once: ``groups`` holds this rank's group per dim, () outside;
+        ``roles`` one role (or None) per dim."""
+        values = (world, device, spec, root, backends, groups,
+                  tuple(roles) if roles is not None else (None,) * spec.ndim)
         for name, value in zip(DeviceMesh.__slots__, values, strict=True):
             object.__setattr__(self, name, value)
 
     @classmethod
     def _make(cls, world: World, device: str, spec: MeshSpec, root: MeshSpec,
-              backends: tuple[str, ...], groups: tuple[ProcessGroup, ...]) -> DeviceMesh:
+              backends: tuple[str, ...], groups: tuple[ProcessGroup, ...],
+              roles: Roles | None = None) -> DeviceMesh:
         mesh = object.__new__(cls)
-        mesh._set(world, device, spec, root, backends, groups)
+        mesh._set(world, device, spec, root, backends, groups, roles)
         return mesh
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -126,6 +134,18 @@ class DeviceMesh:
     def mesh_dim_names(self) -> tuple[str, ...] | None:
         """Names of the dimensions, or None."""
         return self._spec.names
+
+    @property
+    def mesh_dim_roles(self) -> dict[str, str]:
+        """``{dim name: role}`` for the dims that have a role (``init_device_mesh(...,
+        mesh_dim_roles=...)``, kept by slices, ``flatten`` and ``reshape``); {} if none."""
+        return as_dict(self.mesh_dim_names, self._roles)
+
+    @property
+    def abstract(self) -> AbstractMesh:
+        """This mesh without its ranks: names, sizes, roles (frozen, hashable). Equal on every
+        rank, and for the same shape rebuilt in another world."""
+        return AbstractMesh(self.mesh_dim_names, self.shape, self._roles)
 
     @property
     def spec(self) -> MeshSpec:
@@ -233,7 +253,8 @@ class DeviceMesh:
         self._alive("describe()")
         return describe(self._spec, self._world.rank if rank is None else rank,
                         host_of=self.host_of() if host_of is None else host_of,
-                        device_type=self._device_type, backends=self._backends)
+                        device_type=self._device_type, backends=self._backends,
+                        roles=self._roles if any(self._roles) else None)
 
     def plot(self, path, dim: int | str | None = None, rank: int | None = None, host_of=None):
         """Draw the mesh to ``path`` (.png or .svg; needs matplotlib): cells coloured by host,
@@ -268,6 +289,7 @@ class DeviceMesh:
             if len(part) > 1:
                 spec = spec.flatten(None, range(start, start + len(part)))
         backends = tuple(self._backends[part[0]] for part in parts)
+        roles = tuple(merged_role([self._roles[d] for d in part]) for part in parts)
         groups: list[ProcessGroup] = []
         for i, (name, part) in enumerate(zip(wanted, parts, strict=True)):
             if len(part) == 1:
@@ -280,7 +302,7 @@ class DeviceMesh:
             groups.append(found)
         spec = MeshSpec(spec.layout, wanted if self.mesh_dim_names else None, spec.table)
         return DeviceMesh._make(self._world, self._device_type, spec, self._root, backends,
-                                tuple(groups))
+                                tuple(groups), roles)
 
     def flatten(self, name: str | None = None) -> DeviceMesh:
         """Merge every dim into one, with one new group; name defaults to 'a_b_c'.
@@ -313,11 +335,65 @@ class DeviceMesh:
         if registers:
             assert name is not None and self.mesh_dim_names is not None  # registers says so
             world.register_flatten(self._root_key(), name, self.mesh_dim_names)
-        return DeviceMesh._make(world, self._device_type, spec, self._root, backends, groups)
+        return DeviceMesh._make(world, self._device_type, spec, self._root, backends, groups,
+                                (merged_role(self._roles),))
 
     def _flatten(self, mesh_dim_name: str | None = None) -> DeviceMesh:
         """PyTorch's spelling of flatten()."""
         return self.flatten(mesh_dim_name)
+
+    def reshape(self, shape: Sequence[int], mesh_dim_names: Sequence[str] | None = None, *,
+                shared: Sequence[str] = (), mesh_dim_roles: Any = None) -> DeviceMesh:
+        """A view of the same ranks in a new shape, row-major (as numpy's
+        ``mesh.mesh.reshape(shape)``), one -1 inferred; every rank calls it (SPMD).
+
+        The view belongs to this mesh's root (slices, ``flatten``, ``describe``, ``to_torch``
+        work on it). A view dim whose groups equal a dim of this mesh (same ordered ranks)
+        takes that dim's backend and so reuses its groups from the world's registry; only new
+        groups are made. ``shared`` names dims (present in both) that must have the same
+        groups, checked geometrically (no communication); a view dim keeps the role of the
+        dim of its name when their groups agree, and ``mesh_dim_roles`` sets others.
+
+        The MoE expert view of a (pp, dp_replicate, dp_shard, cp, tp) mesh of 128 ranks:
+        ``dense.reshape((2, 2, -1, 8), ("pp", "dp_replicate", "efsdp", "ep"),
+        shared=("pp", "dp_replicate"))``: its "ep" groups are the flattened cp x tp groups.
+        """
+        self._alive("reshape()")
+        sizes = _reshape_sizes(shape, self)
+        names = args.dim_names(mesh_dim_names, len(sizes))
+        if names is None and self.mesh_dim_names is not None:
+            raise bad_argument("mesh_dim_names", mesh_dim_names, "is required to reshape a "
+                               "mesh with dim names", f"give {len(sizes)} names")
+        wanted = _shared_names(shared, self.mesh_dim_names, names)
+        roles_given = dim_roles(mesh_dim_roles, names, len(sizes))
+        spec = self._spec.reshape(sizes, names)
+        mine = self.mesh_dim_names or ()
+        match: list[int | None] = []  # for each view dim, a dim of this mesh with its groups
+        for b in range(spec.ndim):
+            named = [mine.index(names[b])] if names and names[b] in mine else []
+            match.append(next((a for a in [*named, *range(self.ndim)]
+                               if self._spec.same_lines(a, spec, b)), None))
+        for name in wanted:
+            a, b = mine.index(name), names.index(name)  # type: ignore[union-attr]
+            if match[b] != a and not self._spec.same_lines(a, spec, b):
+                raise ArgumentError(f"reshape(): shared={tuple(shared)!r}: "
+                                    + _differs(self, a, spec, b, name) + ". Fix: share only "
+                                    "dims whose groups the reshape keeps (the dims outside "
+                                    "the ones it splits or merges), or drop it from shared.")
+        roles = list(roles_given or (None,) * spec.ndim)
+        for b, a in enumerate(match):  # a dim kept as it was (same name, same groups)
+            if roles[b] is None and a is not None and names and mine and mine[a] == names[b]:
+                roles[b] = self._roles[a]
+        common = set(self._backends)
+        other = self._backends[0] if len(common) == 1 else _default(self._world,
+                                                                       self._device_type)
+        backends = tuple(other if a is None else self._backends[a] for a in match)
+        agree(self._world, "reshape()", {
+            "shape": sizes, "mesh_dim_names": names, "shared": wanted, "mesh_dim_roles": roles,
+            "of": [self.shape, self.mesh_dim_names], "device_type": self._device_type})
+        groups = _make_groups(self._world, spec, backends)
+        return DeviceMesh._make(self._world, self._device_type, spec, self._root, backends,
+                                groups, tuple(roles))
 
     def unflatten(
         self, dim: int | str, sizes: Sequence[int], names: Sequence[str] | None = None
@@ -351,7 +427,9 @@ class DeviceMesh:
         backends = self._backends[:d] + (self._backends[d],) * len(new_sizes) + \
             self._backends[d + 1:]
         groups = _make_groups(self._world, spec, backends)
-        return DeviceMesh._make(self._world, self._device_type, spec, spec, backends, groups)
+        roles = self._roles[:d] + (None,) * len(new_sizes) + self._roles[d + 1:]
+        return DeviceMesh._make(self._world, self._device_type, spec, spec, backends, groups,
+                                roles)
 
     @classmethod
     def from_group(
@@ -402,12 +480,14 @@ class DeviceMesh:
         self._alive("to_torch()")
         _native_meshes(self._world, adopting=False)  # before any group is made
         if self._spec == self._root and self._groups:  # flattens made since this was built
-            for name in self._world.flattened_names(self._root_key()):
-                self[name]._native()
+            root_names = self.mesh_dim_names or ()
+            for name, merged in self._world.flattened_names(self._root_key()).items():
+                if all(n in root_names for n in merged):  # not a flatten of a reshape's dims
+                    self[name]._native()
         return self._native()
 
     def _native(self) -> Any:
-        return self._world.native_mesh(self, self._build_native)
+        return self._world.native_mesh(self._native_key(), self._build_native)
 
     def _build_native(self) -> Any:
         """The engine's mesh over this mesh's groups: a root from its rank array, any other
@@ -419,7 +499,12 @@ class DeviceMesh:
                             ranks=self._spec.array())
             return engine.to_native_mesh(view, None)
         anchor = world.rank if self._groups else self._spec.rank_at((0,) * self.ndim)
-        dims = self._spec.root_dims(self._root, anchor)
+        try:
+            dims = self._spec.root_dims(self._root, anchor)
+        except ValueError:  # a reshape whose dims cut root dims: torch's mesh of its own ranks
+            view = MeshView(self._device_type, self.mesh_dim_names, groups,
+                            ranks=self._spec.array())
+            return engine.to_native_mesh(view, None)
         root = self._root_mesh(dims)
         names, flatten_of = self.mesh_dim_names, None
         if names and len(dims) == 1:  # a flatten the root answers to, by this name?
@@ -434,7 +519,9 @@ class DeviceMesh:
         """The root dims that ``name`` flattens in the world's registry, None if none."""
         merged = self._world.flattened_names(self._root_key()).get(name)
         root_names = self._root.names or ()
-        return None if merged is None else tuple(root_names.index(n) for n in merged)
+        if merged is None or any(n not in root_names for n in merged):
+            return None
+        return tuple(root_names.index(n) for n in merged)
 
     def _root_mesh(self, dims: tuple[tuple[int, ...], ...]) -> DeviceMesh:
         """The root this mesh was sliced or flattened from, on its groups in the world's
@@ -464,15 +551,20 @@ class DeviceMesh:
                            "pass the DeviceMesh a library built, e.g. its init_device_mesh()")
         root = found.root or found
         mesh = _adopt(world, root, "DeviceMesh.from_torch()")
-        world.native_mesh(mesh, lambda: root.obj)  # to_torch() gives the library's mesh back
+        # to_torch() gives the library's mesh back
+        world.native_mesh(mesh._native_key(), lambda: root.obj)
         if found.root is not None:
             assert found.names is not None  # a slice of a root is named by the root's dims
             mesh = mesh[found.names]
-            world.native_mesh(mesh, lambda: found.obj)
+            world.native_mesh(mesh._native_key(), lambda: found.obj)
         return mesh
 
     # -- value semantics ---------------------------------------------------------------------
     def _key(self) -> tuple:
+        return (*self._native_key(), self._roles)
+
+    def _native_key(self) -> tuple:
+        """What the engine's mesh depends on (not the roles): one torch mesh per geometry."""
         return (self._device_type, self._spec, self._root, self._backends, self.epoch)
 
     def _root_key(self) -> tuple:
@@ -498,7 +590,8 @@ class DeviceMesh:
         return f"DeviceMesh({self._device_type!r}, {dims}; {body}{epoch})"
 
     def __reduce__(self):
-        return _unpickle, (self._device_type, self._spec, self._root, self._backends)
+        return _unpickle, (self._device_type, self._spec, self._root, self._backends,
+                           self._roles)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _alive(self, what: str) -> None:
@@ -612,6 +705,76 @@ def _make_groups(world: World, spec: MeshSpec, backends: Sequence[str]
     return tuple(groups)
 
 
+def _reshape_sizes(shape: object, mesh: DeviceMesh) -> tuple[int, ...]:
+    """reshape()'s sizes: one -1 inferred, the product the mesh's size; a size that does not
+    fit names the mesh's dims and sizes."""
+    total = mesh.size()
+    names = mesh.mesh_dim_names or tuple(str(d) for d in range(mesh.ndim))
+    have = ", ".join(f"{n}={s}" for n, s in zip(names, mesh.shape, strict=True))
+    if isinstance(shape, Sequence) and not isinstance(shape, str) and all(
+            is_int(v) for v in shape):
+        known = [int(v) for v in shape if v != -1]
+        product = math.prod(known)
+        if all(v >= 1 for v in known) and list(shape).count(-1) <= 1 and (
+                total % product if -1 in shape else product != total):
+            words = " x ".join(str(v) for v in known) + (f" = {product}" if len(known) > 1
+                                                          else "")
+            problem = (f"the sizes {words} do not divide" if -1 in shape else
+                       f"the sizes {words} hold {product} ranks, not") + \
+                f" the mesh's {total} ranks ({have})"
+            raise bad_argument("shape", shape, problem,
+                               "choose sizes whose product is the mesh's size (one -1 is "
+                               "inferred): split or merge its dims, e.g. "
+                               f"{_example(mesh.shape)}")
+    return args.positive_sizes(shape, total, "shape")
+
+
+def _example(shape: tuple[int, ...]) -> str:
+    """A valid reshape of ``shape``: its last two dims merged, -1 first."""
+    if len(shape) < 2:
+        return f"({shape[0]},)" if shape else "()"
+    return str((-1, *shape[1:-2], shape[-2] * shape[-1])) if len(shape) > 2 else \
+        str((-1, shape[0] * shape[1]))
+
+
+def _shared_names(shared: object, mine: tuple[str, ...] | None,
+                  view: tuple[str, ...] | None) -> tuple[str, ...]:
+    """reshape()'s ``shared``: distinct dim names present in both meshes."""
+    if isinstance(shared, str) or not isinstance(shared, Sequence):
+        raise bad_type("shared", shared, "tuple of dim names", "pass e.g. shared=('pp',)")
+    names = tuple(shared)
+    for name in names:
+        if not isinstance(name, str):
+            raise bad_type("shared", shared, "tuple of str", "name dims with strings")
+        if name not in (mine or ()) or name not in (view or ()):
+            where = "this mesh" if name not in (mine or ()) else "the view"
+            both = [n for n in (mine or ()) if n in (view or ())]
+            raise bad_argument("shared", shared, f"names {name!r}, which is not a dim of "
+                               f"{where}", f"share dims named in both meshes: {tuple(both)}",
+                               kind=UnknownDimError)
+    if len(set(names)) != len(names):
+        raise bad_argument("shared", shared, "repeats a name", "name each dim once")
+    return names
+
+
+def _differs(mesh: DeviceMesh, a: int, view: MeshSpec, b: int, name: str) -> str:
+    """'dim 'pp': rank 5's group is [...] in the view but [...] in the mesh', for this rank
+    when it is in the mesh and its groups differ, else the first rank whose groups differ."""
+    me = mesh._world.rank
+    ranks = [me] if mesh.spec.coordinate_of(me) is not None else []
+    for rank in [*ranks, *mesh.spec.ranks()]:
+        mine, theirs = mesh.spec.line(rank, a), view.line(rank, b)
+        if mine != theirs:
+            return (f"dim {name!r}: rank {rank}'s group is {_ranks_text(theirs)} "
+                    f"in the view but {_ranks_text(mine)} in the mesh")
+    return f"dim {name!r}: the groups differ"
+
+
+def _ranks_text(ranks) -> str:
+    """[1, 5]; a group over 16 ranks in runs: [0-63, 128-191, ... (N in all)]."""
+    return str(ranks.tolist()) if len(ranks) <= 16 else f"[{format_ranks(ranks)}]"
+
+
 def _as_our_group(world: World, group: Any, index: int) -> ProcessGroup:
     if isinstance(group, ProcessGroup):
         return group
@@ -650,11 +813,12 @@ def _check_lines(world: World, spec: MeshSpec, groups: Sequence[ProcessGroup],
                 f"along dim {d} ({spec.line(world.rank, d).tolist()})", fix)
 
 
-def _unpickle(device: str, spec: MeshSpec, root: MeshSpec, backends: tuple[str, ...]):
+def _unpickle(device: str, spec: MeshSpec, root: MeshSpec, backends: tuple[str, ...],
+              roles: Roles | None = None):
     """Rebuild a pickled mesh in the current world, reusing (or making) its groups."""
     world = current_world("unpickling a DeviceMesh")
     return DeviceMesh._make(world, device, spec, root, backends,
-                            _make_groups(world, spec, backends))
+                            _make_groups(world, spec, backends), roles)
 
 
 def _laid_out(world: World, device: str, shape: tuple[int, ...], names: tuple[str, ...] | None,

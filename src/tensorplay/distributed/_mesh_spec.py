@@ -266,6 +266,44 @@ class MeshSpec:
             return MeshSpec.from_ranks(shape, self.array().reshape(-1).tolist(), new_names)
         return self._with(layout, new_names)
 
+    def reshape(self, shape: Sequence[int], names: Sequence[str] | None) -> MeshSpec:
+        """The same ranks in row-major order, in ``shape`` (numpy's ``array().reshape``).
+
+        O(ndim) when the layout splits into the new dims (a row-major mesh always does);
+        otherwise the ranks are kept in a table (O(size)).
+        """
+        flat = self if self.ndim == 1 else self._with(self.layout.flatten(), None)
+        flat = MeshSpec(flat.layout, None, flat.table)
+        return flat.unflatten(0, tuple(shape), None if names is None else tuple(names))
+
+    def same_lines(self, dim: int, other: MeshSpec, other_dim: int) -> bool:
+        """Whether ``dim`` here and ``other_dim`` of ``other`` (a mesh of the same ranks, such
+        as a reshape of this one) enumerate the same groups, each in the same order, through
+        every rank.
+
+        With one rank table (or none) on both sides, it compares the two dims' coalesced
+        modes: an ordered layout splits each position into unique digits, so equal modes give
+        every rank the same coordinate, hence the same line; different modes give no rank the
+        same line. O(modes). Otherwise it compares the lines rank by rank (O(size x ndim)).
+        """
+        if self.size != other.size or self.shape[dim] != other.shape[other_dim]:
+            return False
+        if self.table == other.table and self._same_positions(other):
+            return self.layout.dims[dim] == other.layout.dims[other_dim]
+        return all(self.line(r, dim) == other.line(r, other_dim) for r in self.ranks())
+
+    def _same_positions(self, other: MeshSpec) -> bool:
+        """Whether both layouts enumerate one set of positions (by their 1-d flattenings)."""
+        mine = Layout((self.layout.modes(),), self.layout.offset)
+        theirs = Layout((other.layout.modes(),), other.layout.offset)
+        if mine.canonical() == theirs.canonical():
+            return True
+        if self.size > 1 << 16:
+            return False
+        import numpy as np
+
+        return bool(np.array_equal(np.sort(mine.positions()), np.sort(theirs.positions())))
+
     def root_dims(self, root: MeshSpec, rank: int) -> tuple[tuple[int, ...], ...]:
         """For each dim of this mesh, a slice or flatten of ``root`` holding ``rank``, the root
         dims it runs along, in root order; () for a dim of size 1.

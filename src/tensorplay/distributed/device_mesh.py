@@ -14,6 +14,7 @@ from typing import Any
 from . import _mesh_args as args
 from ._consensus import agree
 from ._mesh import DeviceMesh, _default, _laid_out, _make_groups
+from ._roles import dim_roles
 from .elastic import mesh as elastic_mesh
 from .elastic.mesh import sync_replicas
 from .errors import bad_argument
@@ -31,6 +32,7 @@ def init_device_mesh(
     host_aware: bool = False,
     elastic: int | str | None = None,
     elastic_min: int = 1,
+    mesh_dim_roles: Any = None,
 ) -> DeviceMesh:
     """Build a mesh of ``mesh_shape`` over the whole world, ranks filling it row-major.
 
@@ -45,8 +47,14 @@ def init_device_mesh(
 
     Every rank passes the same arguments (SPMD) and the call returns once every rank has
     joined: ``init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))`` on 8 ranks.
-    One -1 in mesh_shape is inferred from the world size. The mesh is described by shape and
-    strides, so building it and answering queries costs O(ndim), whatever the world size.
+    One -1 in mesh_shape is inferred from the world size.
+
+    mesh_dim_roles={"dp_shard": "shard", "tp": "tensor"} says what dims are for (roles in
+    ``_roles.ROLES``); slices, flatten and reshape carry them, describe() shows them and
+    ``mesh.abstract`` (names, sizes, roles) identifies the mesh without its ranks.
+
+    The mesh is described by shape and strides, so building it and answering queries costs
+    O(ndim), whatever the world size.
     """
     world = current_or_adopted_world("init_device_mesh()")
     device = args.device_type(device_type)
@@ -56,17 +64,23 @@ def init_device_mesh(
     if not isinstance(host_aware, bool):
         raise bad_argument("host_aware", host_aware, "must be True or False",
                            "pass host_aware=True to order ranks host by host")
+    roles = dim_roles(mesh_dim_roles, names, len(shape))
     replicas = args.elastic(elastic, elastic_min, names, shape)
+    if replicas is not None and roles is not None:
+        raise bad_argument("mesh_dim_roles", mesh_dim_roles, "is not carried by elastic "
+                           "meshes yet (recover() and grow() rebuild them without roles)",
+                           "drop mesh_dim_roles with elastic=, or build a static mesh")
     if replicas is not None:
         return elastic_mesh.init(world, device, shape, names, backends, host_aware, replicas,
                                  given=elastic)
     agree(world, "init_device_mesh()", {
         "device_type": device, "mesh_shape": shape, "mesh_dim_names": names,
         "backend_override": backends, "host_aware": host_aware, "elastic": None,
+        "mesh_dim_roles": roles,
     })
     spec = _laid_out(world, device, shape, names, host_aware)
     return DeviceMesh._make(world, device, spec, spec, backends,
-                            _make_groups(world, spec, backends))
+                            _make_groups(world, spec, backends), roles)
 
 
 if __name__ == "__main__":  # the planning command's old spelling, kept working
