@@ -1,13 +1,13 @@
-"""How many cases each property test (hypothesis) draws: 100 in the full run, 25 in the daily
+"""How many cases each property test (hypothesis) draws: 100 in the full run, 20 in the daily
 tier (``-m "not slow"``), which must stay quick. ``examples(1.5)`` scales a test's count with
-its tier (150 in the full run, 38 daily); ``choose`` is called once, by tests/conftest.py."""
+its tier (150 in the full run, 30 daily); ``choose`` is called once, by tests/conftest.py."""
 
 from __future__ import annotations
 
 from hypothesis import settings
 
 settings.register_profile("full", max_examples=100, deadline=None)
-settings.register_profile("daily", max_examples=25, deadline=None)
+settings.register_profile("daily", max_examples=20, deadline=None)
 
 
 def choose(markexpr: str) -> None:

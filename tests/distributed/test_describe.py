@@ -156,6 +156,7 @@ def test_describe_refuses_bad_arguments():
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # draws with matplotlib (about 0.5 s, 1 s with its import)
 def test_plot_png_of_the_worked_mesh(tmp_path):
     pytest.importorskip("matplotlib")
     path = plot(DP_TP, tmp_path / "mesh.png", hosts_simulated(8, 2), rank=5)
@@ -182,6 +183,7 @@ def test_plot_svg_and_png_of_1d_2d_3d(tmp_path, shape, names, dim, rank):
     assert png.read_bytes()[:8] == PNG
 
 
+@pytest.mark.slow  # draws 4,096 ranks with matplotlib
 def test_plot_the_largest_mesh_it_draws(tmp_path):
     pytest.importorskip("matplotlib")
     spec = MeshSpec.row_major((64, 64), ("dp", "tp"))

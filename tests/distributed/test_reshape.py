@@ -14,7 +14,7 @@ import pickle
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import tensorplay.distributed as dist
@@ -24,8 +24,9 @@ from tensorplay.distributed._mesh_spec import MeshSpec
 from tensorplay.distributed._roles import ROLES, AbstractMesh
 from tensorplay.distributed.device_mesh import DeviceMesh, init_device_mesh
 from tensorplay.distributed.errors import ArgumentError, ArgumentTypeError, UnknownDimError
+from tests.laws import examples
 
-LAWS = settings(max_examples=60, deadline=None)
+LAWS = examples(0.6)
 NAMES = ("a", "b", "c", "d", "e")
 TITAN = (2, 2, 4, 2, 4)
 TITAN_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")

@@ -381,9 +381,10 @@ class DeviceMesh:
                                     "dims whose groups the reshape keeps (the dims outside "
                                     "the ones it splits or merges), or drop it from shared.")
         roles = list(roles_given or (None,) * spec.ndim)
-        for b, a in enumerate(match):  # a dim kept as it was (same name, same groups)
-            if roles[b] is None and a is not None and names and mine and mine[a] == names[b]:
-                roles[b] = self._roles[a]
+        for b, kept in enumerate(match):  # a dim kept as it was (same name, same groups)
+            if (roles[b] is None and kept is not None and names and mine
+                    and mine[kept] == names[b]):
+                roles[b] = self._roles[kept]
         common = set(self._backends)
         other = self._backends[0] if len(common) == 1 else _default(self._world,
                                                                        self._device_type)
