@@ -281,12 +281,12 @@ def _loop(sock: socket.socket, handlers: dict) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: set[int] = set()
     while True:
-        ready, _, _ = select.select([sock, wake_r], [], [], 1.0)
+        ready, _, _ = select.select([sock.fileno(), wake_r], [], [], 1.0)
         if wake_r in ready:
             with suppress(BlockingIOError):
                 os.read(wake_r, 512)
         _reap(sock, children)
-        if sock not in ready:
+        if sock.fileno() not in ready:
             continue
         try:
             data, fds, _flags, _addr = socket.recv_fds(sock, PACKET, 8)
