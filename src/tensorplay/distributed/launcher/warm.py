@@ -29,7 +29,8 @@ when it is unsafe: the server has a second thread (Python's or the OS's: a BLAS 
 an import counts), an accelerator runtime is initialised, or the platform has no fork. What a
 fork cannot give: the ranks share the server's ``PYTHONHASHSEED`` (str hashes), and a module
 the server imported is already in ``sys.modules`` (imported once, before any rank existed: it
-must not read ``RANK`` at import).
+must not read ``RANK`` at import); a rank's ``/proc/PID/cmdline`` and ``/proc/PID/environ``
+are the server's (what it was exec'd with), so tools that find ranks there do not see them.
 """
 
 from __future__ import annotations
