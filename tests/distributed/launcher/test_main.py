@@ -492,7 +492,8 @@ def test_omp_num_threads_is_one_per_rank_unless_set_and_said_once(tmp_path):
     res = run("--nproc-per-node", "2", job, env={**env, "OMP_NUM_THREADS": "3"})
     assert res.returncode == 0, res.stderr
     assert threads() == ["3", "3"]
-    assert "OMP_NUM_THREADS" not in res.stderr
+    assert "setting OMP_NUM_THREADS" not in res.stderr  # (warm start's fallback line may
+    # name it: with 3 threads, the warm process's BLAS pool makes a fork unsafe)
 
 
 # ----------------------------------------------------------------------------- a real job

@@ -11,6 +11,7 @@ One module, one job (docs/architecture.md has the table):
 - ``hangs``: ranks alive but stuck; ``nodes``: the launchers of one job across nodes;
 - ``store``: the launcher's store behind a small interface (torch's TCPStore, loaded lazily);
 - ``rank_main``: what runs in each rank (loaded by path: it imports nothing of the package);
+- ``warm``: warm start: one process imports torch once and forks each rank (``--no-warm``);
 - ``rank_ends``: how each rank ended (``RankReport``, ``RankEnd``) -> the one summary line;
 - ``main``: the entry point (``tensorplay-run``, ``python -m tensorplay.distributed.run``).
 

@@ -26,7 +26,6 @@ import json
 import os
 import queue
 import signal
-import subprocess
 import time
 from contextlib import suppress
 from pathlib import Path
@@ -38,9 +37,10 @@ from .hangs import HangWatch
 from .nodes import Board
 from .options import PROG
 from .output import Output
-from .procs import Threads, join_threads, signal_groups, start_rank, stop_ranks
+from .procs import Proc, Threads, join_threads, signal_groups, start_rank, stop_ranks
 from .rank_ends import RankEnd, RankReport, describe_code, first_failure, shorten, summarize
 from .spec import LaunchSpec
+from .warm import Warm
 
 ELASTIC_TAIL_S = 10.0  # elastic: a restarted rank still waiting to join when all others ended
 STOP_FAST_S = 2.0  # a node lost or stopped elsewhere: SIGTERM, then SIGKILL after at most this
@@ -147,12 +147,14 @@ class Job:
     their verdicts (a node lost, a failure elsewhere) as ``Verdict`` events.
     """
 
-    def __init__(self, spec: LaunchSpec, out: Output, board: Board | None = None):
+    def __init__(self, spec: LaunchSpec, out: Output, board: Board | None = None,
+                 warm: Warm | None = None):
         self.spec = spec
         self.out = out
         self.board = board
+        self.warm = warm  # the warm server the ranks are forked from (None: plain starts)
         self.events: Events = queue.SimpleQueue()
-        self.procs: dict[int, subprocess.Popen] = {}
+        self.procs: dict[int, Proc] = {}
         self.threads: Threads = {}
         self.ends: dict[int, RankEnd] = {}
         self.hangs = HangWatch(spec.node_grace_s, spec.hang_timeout_s)
@@ -167,6 +169,14 @@ class Job:
         """Start (or restart) one rank, with a fresh record of how it ends."""
         self.ends[rank] = RankEnd(rank)
         local = rank - self.spec.node_rank * self.spec.nproc_per_node
+        if self.warm is not None:
+            try:
+                self.procs[rank] = start_rank(self.spec, local, self.out, self.events,
+                                              self.threads, restart, self.warm)
+                return
+            except OSError as err:
+                self.out.say(f"warm start off: {err}; starting ranks as fresh interpreters.")
+                self.warm = None
         self.procs[rank] = start_rank(self.spec, local, self.out, self.events, self.threads,
                                       restart)
 

@@ -32,6 +32,7 @@ from .options import PROG
 from .output import Output
 from .procs import stop_ranks
 from .spec import LaunchSpec, parse_args
+from .warm import Warm
 
 USAGE_ERROR = 2
 OMP_NOTE = ("setting OMP_NUM_THREADS=1 for every rank, as torchrun does, so {n} ranks do not "
@@ -71,7 +72,8 @@ def launch(spec: LaunchSpec) -> int:
         os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"  # torch logs each failed connect with a
         # C++ stack trace: noise in a launcher, which says itself what failed
     board = _board(spec) if spec.serve_store else None
-    job = Job(spec, out, board if spec.nnodes > 1 else None)
+    warm = _warm(spec, out)
+    job = Job(spec, out, board if spec.nnodes > 1 else None, warm)
     policy = policy_for(spec)
     serving: threading.Thread | None = None
     with _signals_to(job.events):
@@ -104,6 +106,8 @@ def launch(spec: LaunchSpec) -> int:
             alive = [r for r, p in job.procs.items() if p.returncode is None]
             if alive:  # only on an unexpected error: never leave a child behind
                 stop_ranks(job.procs, alive, spec.stop_grace_s, job.events, lambda _event: None)
+            if warm is not None:
+                warm.close()
             if serving is not None and board is not None:
                 board.stop_asking()
                 serving.join()
@@ -114,6 +118,16 @@ def launch(spec: LaunchSpec) -> int:
             if "TORCH_CPP_LOG_LEVEL" not in spec.base_env:
                 os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
             out.close()
+
+
+def _warm(spec: LaunchSpec, out: Output) -> Warm | None:
+    """Start the warm process the ranks are forked from, or say in one line why not."""
+    if not spec.wants_warm():
+        return None
+    warm, why = Warm.start(spec.rank_env(0), spec.preload)
+    if warm is None:
+        out.say(f"warm start off: {why}; starting ranks as fresh interpreters.")
+    return warm
 
 
 def _serve(board: Board, events: Events) -> None:

@@ -31,6 +31,7 @@ JOIN_TIMEOUT_S = 300.0  # default --join-timeout-s
 NODE_GRACE_ENV = "TENSORPLAY_NODE_GRACE_S"
 HANG_ENV = "TENSORPLAY_HANG_TIMEOUT_S"
 JOIN_ENV = "TENSORPLAY_JOIN_TIMEOUT_S"
+NO_WARM_ENV = "TENSORPLAY_NO_WARM"  # set (not 0): --no-warm
 
 
 def _env_float(name: str, default: float | None) -> float | None:
@@ -89,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     opt("settle-s", type=float, default=SETTLE_S,
         help="after the first failure, seconds the other ranks get to end on their own before "
              "they are stopped, so that ranks failing alike are all seen (default 1)")
+    opt("no-warm", action="store_true",
+        help="start each rank as a fresh interpreter (also: TENSORPLAY_NO_WARM=1); default: "
+             "fork each rank from one warm process that imported torch once")
+    opt("preload", action="append", default=[], metavar="MODULE",
+        help="also import MODULE in the warm process, before any rank is forked (repeatable)")
     p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module (python -m)")
     p.add_argument("script", help="the Python script (or module with -m) every rank runs")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="passed to the script untouched")

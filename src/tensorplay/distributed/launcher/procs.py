@@ -26,19 +26,22 @@ from . import rank_main
 from .events import Beat, Event, Events, Exit, Report, Signal
 from .output import Output, pump_stderr, pump_stdout
 from .spec import LaunchSpec
+from .warm import Warm, WarmProc
 
 Threads = dict[int, list[threading.Thread]]  # rank -> its reader threads
+Proc = subprocess.Popen | WarmProc  # a rank's process: started plainly, or forked warm
 
 
-def _reap(proc: subprocess.Popen, rank: int, events: Events) -> None:
+def _reap(proc: Proc, rank: int, events: Events) -> None:
     """Waiter thread: report the child's exit status as soon as it has one."""
     code = proc.wait()
     events.put(Exit(rank, code, time.monotonic()))
 
 
 def start_rank(spec: LaunchSpec, local_rank: int, out: Output, events: Events,
-               threads: Threads, restart: int = 0) -> subprocess.Popen:
-    """Start one rank in its own process group, with its report pipe, two readers and a waiter.
+               threads: Threads, restart: int = 0, warm: Warm | None = None) -> Proc:
+    """Start one rank in its own process group, with its report pipe, two readers and a waiter:
+    forked by the ``warm`` server when there is one, else a fresh interpreter (Popen).
 
     The rank's parent-death signal is tied to the thread that starts it, so call this from the
     thread that supervises the job (it lives as long as the launcher).
@@ -46,12 +49,16 @@ def start_rank(spec: LaunchSpec, local_rank: int, out: Output, events: Events,
     rank = spec.global_rank(local_rank)
     env = spec.rank_env(local_rank, restart)
     report_r, report_w = os.pipe()
-    env[rank_main.REPORT_FD] = str(report_w)
-    env[rank_main.PARENT_PID] = str(os.getpid())
+    proc: Proc
     try:
-        proc = subprocess.Popen(spec.rank_command(), env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, pass_fds=(report_w,))
+        if warm is not None:
+            proc = _fork_rank(warm, spec, env, report_w)
+        else:
+            env[rank_main.REPORT_FD] = str(report_w)
+            env[rank_main.PARENT_PID] = str(os.getpid())
+            proc = subprocess.Popen(spec.rank_command(), env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, pass_fds=(report_w,))
     except BaseException:
         os.close(report_r)
         raise
@@ -73,14 +80,29 @@ def start_rank(spec: LaunchSpec, local_rank: int, out: Output, events: Events,
     return proc
 
 
-def signal_groups(procs: Mapping[int, subprocess.Popen], ranks: Iterable[int], sig: int) -> None:
+def _fork_rank(warm: Warm, spec: LaunchSpec, env: dict[str, str], report_w: int) -> WarmProc:
+    """Have the warm server fork the rank, on pipes made here as Popen makes them."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        return warm.spawn(env, spec.rank_args(), out_w, err_w, report_w, out_r, err_r)
+    except BaseException:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+
+
+def signal_groups(procs: Mapping[int, Proc], ranks: Iterable[int], sig: int) -> None:
     """Send sig to each rank's whole process group (the rank and anything it spawned)."""
     for r in ranks:
         with suppress(OSError):  # the group is already gone
             os.killpg(procs[r].pid, sig)
 
 
-def stop_ranks(procs: Mapping[int, subprocess.Popen], ranks: Iterable[int], grace_s: float,
+def stop_ranks(procs: Mapping[int, Proc], ranks: Iterable[int], grace_s: float,
                events: Events, record: Callable[[Event], None]) -> None:
     """SIGTERM the given ranks, wait up to grace_s (a new signal cuts it short), SIGKILL all.
 

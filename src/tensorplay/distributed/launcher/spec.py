@@ -30,7 +30,15 @@ from .. import _env
 from .._failures import VERDICT_FILE
 from ..errors import bad_argument
 from . import rank_main, store
-from .options import PROG, build_parser, check_args, check_port_free, free_port, parse_rank_list
+from .options import (
+    NO_WARM_ENV,
+    PROG,
+    build_parser,
+    check_args,
+    check_port_free,
+    free_port,
+    parse_rank_list,
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,8 @@ class LaunchSpec:
     serve_store: bool  # this launcher can serve the job's store (node 0 does; loaded lazily)
     base_env: Mapping[str, str]  # the launcher's environment at start: what the ranks inherit
     workdir: str | None  # several nodes: a private directory (made at launch) for the verdict
+    warm: bool = True  # fork the ranks from one warm process (not --no-warm/TENSORPLAY_NO_WARM)
+    preload: tuple[str, ...] = ()  # --preload: modules the warm process imports too
 
     @property
     def world_size(self) -> int:
@@ -94,10 +104,19 @@ class LaunchSpec:
             env[VERDICT_FILE] = self.verdict_file
         return env
 
+    def rank_args(self) -> list[str]:
+        """What ``rank_main.main`` reads: ``--file SCRIPT ARGS...`` or ``--module NAME ...``."""
+        return ["--module" if self.module else "--file", self.script, *self.script_args]
+
     def rank_command(self) -> list[str]:
         """A rank's command line: the script under ``rank_main``, its arguments untouched."""
-        target = ["--module" if self.module else "--file", self.script]
-        return [sys.executable, "-c", rank_main.loader_command(), *target, *self.script_args]
+        return [sys.executable, "-c", rank_main.loader_command(), *self.rank_args()]
+
+    def wants_warm(self) -> bool:
+        """Whether to fork the ranks from a warm process: on by default, off with --no-warm
+        or TENSORPLAY_NO_WARM=1, and off for one rank that is never restarted (one import
+        either way)."""
+        return self.warm and (self.nproc_per_node > 1 or self.elastic)
 
 
 def parse_args(argv: list[str] | None) -> LaunchSpec:
@@ -128,7 +147,9 @@ def parse_args(argv: list[str] | None) -> LaunchSpec:
         hang_timeout_s=a.hang_timeout_s, join_timeout_s=a.join_timeout_s,
         max_restarts=a.max_restarts, settle_s=a.settle_s, module=a.module, script=a.script,
         script_args=tuple(a.script_args), serve_store=serve_store,
-        base_env=MappingProxyType(dict(os.environ)), workdir=workdir)
+        base_env=MappingProxyType(dict(os.environ)), workdir=workdir,
+        warm=not a.no_warm and os.environ.get(NO_WARM_ENV, "").strip() in ("", "0"),
+        preload=tuple(a.preload))
 
 
 def child_env(

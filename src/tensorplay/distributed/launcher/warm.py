@@ -1,0 +1,413 @@
+"""Warm start: one process per node imports torch once, and every rank is a fork of it.
+
+Eight ranks that each import torch on two cores take seconds; a fork takes milliseconds. The
+launcher starts one *warm server* (``Warm.start``): a child of the launcher, in its own session
+(a Ctrl-C to the terminal reaches the launcher, which stops the ranks as today), that imports
+torch (when installed), this package and each ``--preload`` module, then answers requests over
+a ``SOCK_SEQPACKET`` socket pair, one JSON message per packet::
+
+    launcher -> server   {"env": {...}, "argv": ["--file", "train.py", "--lr", "0.1"],
+                          "cwd": "/job"}  + fds [stdin, stdout, stderr, report] (send_fds)
+    server -> launcher   {"ready": true} | {"ready": false, "why": "..."}   (once, at start)
+                         {"started": PID} | {"failed": "OSError: ..."}      (per request)
+                         {"exit": PID, "code": CODE}   (Popen's returncode: -N for signal N)
+
+The server is the ranks' parent, so only it can wait for them: it reaps each on SIGCHLD and
+sends its exit; ``WarmProc`` is the launcher's handle (``pid``, ``returncode``, ``wait``,
+``stdout``, ``stderr``: what ``procs`` used of ``subprocess.Popen``). The forked child
+(``_child``) does what a fresh interpreter under Popen had: its own session (the rank's process
+group), stdin/stdout/stderr on the given fds, the environment, the signal handlers of a fresh
+interpreter, fresh seeds for ``random`` and numpy (from the OS, as at interpreter start; torch's
+generator goes back to its start seed, the constant a fresh interpreter has), the server's
+socket closed; then ``rank_main.main()``, the same code a plain rank runs (parent-death signal,
+report pipe, ``python script.py`` semantics), and the interpreter's exit (threads joined,
+atexit, flush). The parent-death chain: launcher dies -> the server (PR_SET_PDEATHSIG) -> each
+rank (its own PR_SET_PDEATHSIG on the server).
+
+Forking is refused (``ready: false``; the launcher prints one line and starts ranks plainly)
+when it is unsafe: the server has a second thread (Python's or the OS's: a BLAS pool started by
+an import counts), an accelerator runtime is initialised, or the platform has no fork. What a
+fork cannot give: the ranks share the server's ``PYTHONHASHSEED`` (str hashes), and a module
+the server imported is already in ``sys.modules`` (imported once, before any rank existed: it
+must not read ``RANK`` at import); a rank's ``/proc/PID/cmdline`` and ``/proc/PID/environ``
+are the server's (what it was exec'd with), so tools that find ranks there do not see them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
+from typing import IO
+
+from . import rank_main
+
+READY_TIMEOUT_S = 300.0  # the server's imports (torch on a loaded machine, the user's modules)
+PACKET = 1 << 20  # the largest message read (an environment fits many times over)
+RANK_VARS = ("RANK", "LOCAL_RANK", "TENSORPLAY_RESTART_COUNT", rank_main.REPORT_FD,
+             rank_main.PARENT_PID)  # not in the server's environment
+
+
+def unsupported() -> str | None:
+    """Why this platform cannot warm-start (None: it can)."""
+    if not hasattr(os, "fork") or not hasattr(os, "setsid"):
+        return "this platform has no fork"
+    if not hasattr(socket, "SOCK_SEQPACKET") or not hasattr(socket, "send_fds"):
+        return "this platform has no UNIX packet sockets with fd passing"
+    return None
+
+
+class WarmProc:
+    """A rank forked by the warm server, as the launcher holds it (like ``subprocess.Popen``)."""
+
+    def __init__(self, pid: int, stdout: IO[bytes], stderr: IO[bytes]):
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode: int | None = None
+        self._done = threading.Event()
+
+    def _ended(self, code: int) -> None:
+        self.returncode = code
+        self._done.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+
+class Warm:
+    """The launcher's side of the warm server (see the module)."""
+
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket):
+        self.proc = proc
+        self.sock = sock
+        self.procs: dict[int, WarmProc] = {}
+        self.replies: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()  # one request at a time
+        self.procs_lock = threading.Lock()  # procs, and exits heard before their pid was held
+        self.early: dict[int, int] = {}
+        self.gone = False
+        self.reader: threading.Thread | None = None
+
+    @classmethod
+    def start(cls, env: Mapping[str, str], preload: Sequence[str]) -> tuple[Warm | None, str]:
+        """Start the server with ``env`` (the ranks' common environment) and wait until it has
+        imported everything. Returns (the server, "") or (None, why forking is off)."""
+        why = unsupported()
+        if why:
+            return None, why
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+        server_env = {k: v for k, v in env.items() if k not in RANK_VARS}
+        server_env["PYTHONUNBUFFERED"] = "1"  # the ranks' streams are set up as under -u
+        program = ("(lambda sys: sys.path.append(sys.argv[1]) or __import__("
+                   "'tensorplay.distributed.launcher.warm', fromlist=['serve']).serve())"
+                   "(__import__('sys'))")
+        cmd = [sys.executable, "-c", program, root, str(theirs.fileno()), str(os.getpid()),
+               *preload]
+        try:
+            proc = subprocess.Popen(cmd, env=server_env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, start_new_session=True,
+                                    pass_fds=(theirs.fileno(),))
+        except OSError as err:
+            ours.close()
+            return None, f"the warm process did not start ({err})"
+        finally:
+            theirs.close()
+        warm = cls(proc, ours)
+        ours.settimeout(READY_TIMEOUT_S)
+        try:
+            first = json.loads(ours.recv(PACKET) or b"null")
+        except (OSError, ValueError) as err:
+            first = {"ready": False, "why": f"no answer from the warm process ({err})"}
+        ours.settimeout(None)
+        if not isinstance(first, dict) or not first.get("ready"):
+            why = first.get("why") if isinstance(first, dict) else None
+            warm.close()
+            return None, why or f"the warm process ended at start ({describe(proc)})"
+        warm.reader = threading.Thread(target=warm._read, daemon=True,
+                                       name="tensorplay-run warm")
+        warm.reader.start()
+        return warm, ""
+
+    def _read(self) -> None:
+        """Reader thread: route the server's replies; its exit messages end WarmProcs."""
+        while True:
+            try:
+                data = self.sock.recv(PACKET)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            msg = json.loads(data)
+            if "exit" in msg:
+                with self.procs_lock:
+                    proc = self.procs.get(msg["exit"])
+                    if proc is None:
+                        self.early[msg["exit"]] = msg["code"]
+                if proc is not None:
+                    proc._ended(msg["code"])
+            else:
+                self.replies.put(msg)
+        self.gone = True  # the server died: its ranks die with it (their parent-death signal)
+        self.replies.put({"failed": "the warm process is gone"})
+        with self.procs_lock:
+            left = [p for p in self.procs.values() if p.returncode is None]
+        for proc in left:
+            proc._ended(-signal.SIGKILL)
+
+    def spawn(self, env: Mapping[str, str], argv: Sequence[str], stdout_w: int, stderr_w: int,
+              report_w: int, stdout_r: int, stderr_r: int) -> WarmProc:
+        """Fork one rank: its environment, rank_main's arguments and the child's ends of its
+        pipes (this process keeps its own copies; close them after). Raises OSError when the
+        server cannot (it is gone, or fork failed)."""
+        if self.gone:
+            raise OSError("the warm process is gone")
+        msg = json.dumps({"env": dict(env), "argv": list(argv), "cwd": os.getcwd()}).encode()
+        with open(os.devnull, "rb") as devnull:
+            self.lock.acquire()
+            try:
+                socket.send_fds(self.sock, [msg],
+                                [devnull.fileno(), stdout_w, stderr_w, report_w])
+                reply = self.replies.get()
+                if "started" not in reply:
+                    raise OSError(reply.get("failed", "the warm process did not fork"))
+                pid = reply["started"]
+                proc = WarmProc(pid, open(stdout_r, "rb"), open(stderr_r, "rb"))  # noqa: SIM115
+                with self.procs_lock:
+                    self.procs[pid] = proc
+                    early = self.early.pop(pid, None)
+                if early is not None:
+                    proc._ended(early)
+            finally:
+                self.lock.release()
+        return proc
+
+    def close(self) -> None:
+        """Let the server go (it SIGKILLs any rank still alive, reaps, exits) and wait for it."""
+        with suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        try:
+            self.proc.wait(10.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.reader is not None:
+            self.reader.join(2.0)
+
+
+def describe(proc: subprocess.Popen) -> str:
+    code = proc.poll()
+    return "still running" if code is None else f"exit code {code}"
+
+
+# --- the server (its own process) -------------------------------------------------------------
+
+def _threads() -> int:
+    """This process's threads as the OS counts them (a BLAS or OpenMP pool counts)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def _unsafe() -> str | None:
+    """Why forking this process now is unsafe (None: it is safe)."""
+    n = max(threading.active_count(), _threads())
+    if n > 1:
+        names = ", ".join(t.name for t in threading.enumerate())
+        return (f"the warm process has {n} threads after its imports (Python's: {names}; "
+                f"a BLAS or OpenMP pool counts: OMP_NUM_THREADS=1 avoids one), and a fork "
+                f"copies only the calling thread")
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "an accelerator runtime (CUDA) is initialised in the warm process"
+    return unsupported()
+
+
+def serve() -> None:
+    """The warm server's main: ``python -c PROGRAM ROOT SOCKET_FD LAUNCHER_PID [MODULE...]``."""
+    fd, launcher, preload = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+    path = sys.path[:-1]  # without ROOT, appended by PROGRAM: the interpreter's, for the ranks
+    handlers = {s: signal.getsignal(s) for s in signal.valid_signals()
+                if signal.getsignal(s) is not None}  # a fresh interpreter's, to give each rank
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops the ranks, not Ctrl-C
+    sock = socket.socket(fileno=fd)
+    rank_main.die_with_parent(launcher)
+    why = None
+    try:
+        import importlib
+
+        for name in ("torch", "numpy"):
+            with suppress(ImportError):
+                importlib.import_module(name)
+        import tensorplay.distributed  # noqa: F401 - the point: imported once, here
+
+        for name in preload:
+            try:
+                importlib.import_module(name)
+            except BaseException as err:  # noqa: BLE001 - told to the launcher
+                why = f"--preload {name} failed ({rank_main.one_line(err)})"
+                break
+    except BaseException as err:  # noqa: BLE001 - told to the launcher
+        why = f"the warm process failed to import ({rank_main.one_line(err)})"
+    sys.path[:] = path
+    why = why or _unsafe()
+    sock.send(json.dumps({"ready": why is None, "why": why}).encode())
+    if why is not None:
+        return
+    _loop(sock, handlers)
+
+
+def _loop(sock: socket.socket, handlers: dict) -> None:
+    """Fork a rank per request; report each child's exit; on EOF kill what is left and go."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: set[int] = set()
+    while True:
+        ready, _, _ = select.select([sock.fileno(), wake_r], [], [], 1.0)
+        if wake_r in ready:
+            with suppress(BlockingIOError):
+                os.read(wake_r, 512)
+        _reap(sock, children)
+        if sock.fileno() not in ready:
+            continue
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, PACKET, 8)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            break
+        try:
+            pid = os.fork()
+        except OSError as err:
+            for f in fds:
+                os.close(f)
+            sock.send(json.dumps({"failed": rank_main.one_line(err)}).encode())
+            continue
+        if pid == 0:
+            _child(json.loads(data), fds, sock, (wake_r, wake_w), handlers)  # never returns
+        for f in fds:
+            os.close(f)
+        children.add(pid)
+        sock.send(json.dumps({"started": pid}).encode())
+    for pid in children:  # the launcher left (or died): leave no rank behind
+        with suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+    for pid in children:
+        with suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def _reap(sock: socket.socket, children: set[int]) -> None:
+    """Wait for every child that ended and tell the launcher its exit code."""
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        code = os.waitstatus_to_exitcode(status)
+        with suppress(OSError):
+            sock.send(json.dumps({"exit": pid, "code": code}).encode())
+
+
+def _child(request: dict, fds: list[int], sock: socket.socket, wake: tuple[int, int],
+           handlers: dict) -> None:
+    """In the forked rank: become what Popen started before, then run rank_main and exit."""
+    code = 1
+    try:
+        os.setsid()  # the rank's own process group, as start_new_session
+        signal.set_wakeup_fd(-1)
+        for s, handler in handlers.items():
+            with suppress(OSError, ValueError):
+                signal.signal(s, handler)
+        sock.close()
+        for f in wake:
+            os.close(f)
+        stdin, stdout, stderr, report = fds
+        for src, dst in ((stdin, 0), (stdout, 1), (stderr, 2)):
+            os.dup2(src, dst)
+            os.close(src)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ[rank_main.REPORT_FD] = str(report)
+        os.environ[rank_main.PARENT_PID] = str(os.getppid())
+        _reseed()
+        sys.argv = ["-c", *request["argv"]]
+        code = _run(rank_main.main)
+    finally:
+        os._exit(code)
+
+
+def _reseed() -> None:
+    """RNGs as a fresh interpreter has them: random and numpy from the OS, torch at its
+    start seed (a constant in every fresh interpreter)."""
+    import random
+
+    random.seed()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.manual_seed(torch.initial_seed())
+
+
+def _run(main) -> int:
+    """Run main() and leave as the interpreter does: the exit code of SystemExit (printed when
+    not an int), a traceback and 1 for an exception (rank_main printed it already), death by
+    SIGINT for KeyboardInterrupt; then non-daemon threads joined, atexit run, streams flushed."""
+    code = 0
+    interrupted = False
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code
+        else:
+            with suppress(Exception):
+                print(exc.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt as exc:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        interrupted = True
+    except BaseException as exc:  # noqa: BLE001 - the interpreter's way
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        code = 1
+    with suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - the interpreter's status for a failed flush
+            code = code or 120
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return code & 0xFF

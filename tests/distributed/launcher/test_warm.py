@@ -1,0 +1,203 @@
+"""Warm start (launcher/warm.py): ranks forked from one process that imported torch once run the
+script as ``python`` would, report as plain ranks do, and the start falls back (one line) when a
+fork is unsafe. Scripts use the standard library only; every run is bounded by ``run``'s timeout
+and the pids a script writes are checked gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+
+from tensorplay.distributed.launcher.spec import parse_args
+
+from .test_main import assert_all_gone, read_pids, run, script
+
+# what a rank prints about itself: forked warm, the package is already in sys.modules
+REPORT = """
+    import random
+    warm = "tensorplay.distributed" in sys.modules
+    print(json.dumps({"rank": RANK, "name": __name__, "argv": sys.argv, "path0": sys.path[0],
+                      "warm": warm, "random": random.random(), "pid": os.getpid(),
+                      "np": (sys.modules["numpy"].random.random() if "numpy" in sys.modules
+                             else None),
+                      "own_group": os.getpgid(0) == os.getpid(),
+                      "int": repr(signal.getsignal(signal.SIGINT)),
+                      "term": repr(signal.getsignal(signal.SIGTERM)),
+                      "chld": repr(signal.getsignal(signal.SIGCHLD)),
+                      "pipe": repr(signal.getsignal(signal.SIGPIPE)),
+                      "report_fd_env": "TENSORPLAY_RUN_REPORT_FD" in os.environ}))
+"""
+FRESH = {"int": repr(signal.default_int_handler), "term": repr(signal.SIG_DFL),
+         "chld": repr(signal.SIG_DFL), "pipe": repr(signal.SIG_IGN)}
+
+
+def reports(stdout: str) -> list[dict]:
+    """The REPORT lines, one per rank, by rank (the launcher's label taken off)."""
+    out = [json.loads(line.split("] ", 1)[1]) for line in stdout.splitlines()
+           if line.startswith("[rank ") and "{" in line]
+    return sorted(out, key=lambda r: r["rank"])
+
+
+def plain_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, **extra}
+
+
+def test_a_warm_rank_runs_the_script_as_python_does(tmp_path):
+    job = script(tmp_path, REPORT)
+    res = run("--nproc-per-node", "3", job, "--lr", "0.1")
+    assert res.returncode == 0, res.stderr
+    got = reports(res.stdout)
+    assert [r["rank"] for r in got] == [0, 1, 2]
+    for r in got:
+        assert r["warm"], "the rank was not forked from the warm process"
+        assert r["name"] == "__main__"
+        assert r["argv"] == [str(job), "--lr", "0.1"]
+        assert r["path0"] == str(tmp_path.resolve())
+        assert r["own_group"]
+        assert not r["report_fd_env"]  # rank_main took it, as in a plain rank
+        assert {k: r[k] for k in FRESH} == FRESH  # a fresh interpreter's handlers
+    assert len({r["random"] for r in got}) == 3, "forked ranks share random's state"
+    if got[0]["np"] is not None:  # numpy installed: the warm process imported it
+        assert len({r["np"] for r in got}) == 3, "forked ranks share numpy's state"
+    assert "warm start off" not in res.stderr
+    assert_all_gone([r["pid"] for r in got])
+
+
+def test_a_warm_rank_runs_a_module_as_python_m_does(tmp_path):
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "job.py").write_text(textwrap.dedent("""\
+        import json, os, sys
+        print(json.dumps({"name": __name__, "argv": sys.argv, "path0": sys.path[0],
+                          "warm": "tensorplay.distributed" in sys.modules}))
+    """))
+    env = plain_env(PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    res = subprocess_run_in(tmp_path, "--nproc-per-node", "2", "-m", "mypkg.job", "x", env=env)
+    assert res.returncode == 0, res.stderr
+    lines = [json.loads(line.split("] ", 1)[1]) for line in res.stdout.splitlines()]
+    assert len(lines) == 2
+    for got in lines:
+        assert got == {"name": "__main__", "argv": [str(pkg / "job.py"), "x"],
+                       "path0": str(tmp_path), "warm": True}
+
+
+def subprocess_run_in(cwd, *args, env=None, timeout=60):
+    """``run`` from another working directory."""
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "tensorplay.distributed.run", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
+                          errors="replace")
+
+
+def test_warm_output_is_labelled_per_stream(tmp_path):
+    job = script(tmp_path, """
+        print(f"out {RANK}")
+        print(f"err {RANK}", file=sys.stderr)
+    """)
+    res = run("--nproc-per-node", "2", job)
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == ["[rank 0] out 0", "[rank 1] out 1"]
+    assert {"[rank 0] err 0", "[rank 1] err 1"} <= set(res.stderr.splitlines())
+
+
+def test_a_raising_warm_rank_is_reported_as_today(tmp_path):
+    job = script(tmp_path, """
+        write_pid()
+        if RANK == 1:
+            raise ValueError("bad lr")
+        time.sleep(60)
+    """)
+    res = run("--nproc-per-node", "2", "--settle-s", "0.2", job)
+    assert res.returncode == 1, res.stderr
+    assert "[rank 1] ValueError: bad lr" in res.stderr
+    assert res.stderr.splitlines()[-1] == (
+        "tensorplay-run: rank 1 failed first (exit code 1): ValueError: bad lr; stopped rank 0.")
+    assert_all_gone(read_pids(tmp_path, 2))
+
+
+def test_a_killed_warm_rank_is_reported_as_today(tmp_path):
+    job = script(tmp_path, """
+        write_pid()
+        if RANK == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+    """)
+    res = run("--nproc-per-node", "2", "--settle-s", "0.2", job)
+    assert res.returncode == 128 + signal.SIGKILL, res.stderr
+    assert "rank 0 failed first (killed by signal SIGKILL)" in res.stderr
+    assert_all_gone(read_pids(tmp_path, 2))
+
+
+def test_sys_exit_and_atexit_as_in_a_fresh_interpreter(tmp_path):
+    job = script(tmp_path, """
+        import atexit, threading
+        atexit.register(lambda: print(f"atexit {RANK}", flush=True))
+        threading.Thread(target=lambda: (time.sleep(0.3), print(f"thread {RANK}"))).start()
+        sys.exit(3 if RANK == 1 else 0)
+    """)
+    res = run("--nproc-per-node", "2", job)
+    assert res.returncode == 3, res.stderr
+    out = res.stdout.splitlines()
+    assert "[rank 1] thread 1" in out and "[rank 1] atexit 1" in out
+    assert out.index("[rank 1] thread 1") < out.index("[rank 1] atexit 1")  # threads joined first
+
+
+def test_no_warm_flag_and_environment_give_a_plain_start(tmp_path):
+    job = script(tmp_path, REPORT)
+    for args, env in ((["--no-warm"], None), ([], plain_env(TENSORPLAY_NO_WARM="1"))):
+        res = run(*args, "--nproc-per-node", "2", job, env=env)
+        assert res.returncode == 0, res.stderr
+        got = reports(res.stdout)
+        assert [r["warm"] for r in got] == [False, False], args
+        assert [r["argv"] for r in got] == [[str(job)], [str(job)]]
+        assert "warm start off" not in res.stderr
+    assert not parse_args(["--no-warm", str(job)]).warm
+    assert parse_args(["--preload", "a", "--preload", "b", str(job)]).preload == ("a", "b")
+
+
+def test_preload_is_imported_before_the_fork(tmp_path):
+    (tmp_path / "heavy.py").write_text("import os\nLOADED_IN = os.getpid()\n")
+    job = script(tmp_path, """
+        heavy = sys.modules.get("heavy")
+        print(json.dumps({"preloaded": heavy is not None and heavy.LOADED_IN != os.getpid()}))
+    """)
+    res = subprocess_run_in(tmp_path, "--nproc-per-node", "2", "--preload", "heavy", job)
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == ['[rank 0] {"preloaded": true}',
+                                               '[rank 1] {"preloaded": true}']
+
+
+def test_a_second_thread_in_the_warm_process_falls_back_with_one_line(tmp_path):
+    (tmp_path / "spinner.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True, name='spinner').start()\n")
+    job = script(tmp_path, REPORT)
+    res = subprocess_run_in(tmp_path, "--nproc-per-node", "2", "--preload", "spinner", job)
+    assert res.returncode == 0, res.stderr
+    said = [line for line in res.stderr.splitlines() if "warm start off" in line]
+    assert len(said) == 1, res.stderr
+    assert said[0].startswith("tensorplay-run: warm start off: the warm process has 2 threads")
+    assert "spinner" in said[0] and said[0].endswith("starting ranks as fresh interpreters.")
+    assert [r["warm"] for r in reports(res.stdout)] == [False, False]
+
+
+def test_a_failing_preload_falls_back_with_one_line(tmp_path):
+    job = script(tmp_path, REPORT)
+    res = subprocess_run_in(tmp_path, "--nproc-per-node", "2", "--preload", "no_such_mod", job)
+    assert res.returncode == 0, res.stderr
+    said = [line for line in res.stderr.splitlines() if "warm start off" in line]
+    assert len(said) == 1 and "--preload no_such_mod failed (ModuleNotFoundError" in said[0]
+    assert [r["warm"] for r in reports(res.stdout)] == [False, False]
+
+
+def test_one_rank_never_restarted_starts_plainly(tmp_path):
+    job = script(tmp_path, REPORT)
+    res = run(job)
+    assert res.returncode == 0, res.stderr
+    assert [r["warm"] for r in reports(res.stdout)] == [False]
+    assert parse_args(["--max-restarts", "1", str(job)]).wants_warm()
