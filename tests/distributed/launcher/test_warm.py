@@ -11,6 +11,8 @@ import signal
 import sys
 import textwrap
 
+import pytest
+
 from tensorplay.distributed.launcher.spec import parse_args
 
 from .test_main import assert_all_gone, read_pids, run, script
@@ -45,6 +47,7 @@ def plain_env(**extra: str) -> dict[str, str]:
     return {**os.environ, **extra}
 
 
+@pytest.mark.slow  # its warm process imports torch (about 1.5 s)
 def test_a_warm_rank_runs_the_script_as_python_does(tmp_path):
     job = script(tmp_path, REPORT)
     res = run("--nproc-per-node", "3", job, "--lr", "0.1")
@@ -66,6 +69,7 @@ def test_a_warm_rank_runs_the_script_as_python_does(tmp_path):
     assert_all_gone([r["pid"] for r in got])
 
 
+@pytest.mark.slow  # its warm process imports torch (about 1.5 s)
 def test_a_warm_rank_runs_a_module_as_python_m_does(tmp_path):
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
@@ -94,6 +98,7 @@ def subprocess_run_in(cwd, *args, env=None, timeout=60):
                           errors="replace")
 
 
+@pytest.mark.slow  # its warm process imports torch (about 1.5 s)
 def test_warm_output_is_labelled_per_stream(tmp_path):
     job = script(tmp_path, """
         print(f"out {RANK}")
@@ -105,6 +110,7 @@ def test_warm_output_is_labelled_per_stream(tmp_path):
     assert {"[rank 0] err 0", "[rank 1] err 1"} <= set(res.stderr.splitlines())
 
 
+@pytest.mark.slow  # its warm process imports torch (about 1.5 s)
 def test_a_raising_warm_rank_is_reported_as_today(tmp_path):
     job = script(tmp_path, """
         write_pid()
@@ -120,6 +126,7 @@ def test_a_raising_warm_rank_is_reported_as_today(tmp_path):
     assert_all_gone(read_pids(tmp_path, 2))
 
 
+@pytest.mark.slow  # its warm process imports torch (about 1.5 s)
 def test_a_killed_warm_rank_is_reported_as_today(tmp_path):
     job = script(tmp_path, """
         write_pid()
@@ -133,6 +140,7 @@ def test_a_killed_warm_rank_is_reported_as_today(tmp_path):
     assert_all_gone(read_pids(tmp_path, 2))
 
 
+@pytest.mark.slow  # its warm process imports torch (about 1.5 s)
 def test_sys_exit_and_atexit_as_in_a_fresh_interpreter(tmp_path):
     job = script(tmp_path, """
         import atexit, threading
@@ -160,6 +168,7 @@ def test_no_warm_flag_and_environment_give_a_plain_start(tmp_path):
     assert parse_args(["--preload", "a", "--preload", "b", str(job)]).preload == ("a", "b")
 
 
+@pytest.mark.slow  # its warm process imports torch (about 1.5 s)
 def test_preload_is_imported_before_the_fork(tmp_path):
     (tmp_path / "heavy.py").write_text("import os\nLOADED_IN = os.getpid()\n")
     job = script(tmp_path, """
@@ -172,6 +181,7 @@ def test_preload_is_imported_before_the_fork(tmp_path):
                                                '[rank 1] {"preloaded": true}']
 
 
+@pytest.mark.slow  # its warm process imports torch (about 1.5 s)
 def test_a_second_thread_in_the_warm_process_falls_back_with_one_line(tmp_path):
     (tmp_path / "spinner.py").write_text(
         "import threading, time\n"
@@ -186,6 +196,7 @@ def test_a_second_thread_in_the_warm_process_falls_back_with_one_line(tmp_path):
     assert [r["warm"] for r in reports(res.stdout)] == [False, False]
 
 
+@pytest.mark.slow  # its warm process imports torch (about 1.5 s)
 def test_a_failing_preload_falls_back_with_one_line(tmp_path):
     job = script(tmp_path, REPORT)
     res = subprocess_run_in(tmp_path, "--nproc-per-node", "2", "--preload", "no_such_mod", job)

@@ -93,6 +93,30 @@ def launcher_can_serve_store() -> bool:
     return _installed("torch_c10d")
 
 
+# what a warm launcher process imports once for every rank it forks: the engines' libraries
+WARM_MODULES = ("numpy", "torch")
+
+
+def fork_unsafe() -> str | None:
+    """Why forking this process is unsafe for the engines' libraries loaded in it, or None:
+    an accelerator runtime (CUDA) initialised here cannot be used in a forked child."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "an accelerator runtime (CUDA) is initialised in the warm process"
+    return None
+
+
+def reseed_forked() -> None:
+    """In a forked rank: the engines' random generators as a fresh interpreter has them
+    (numpy's from the OS; torch's at its start seed, a constant in every fresh interpreter)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.manual_seed(torch.initial_seed())
+
+
 def running_world() -> tuple[Engine, Running] | None:
     """An engine whose world was started outside this package, and that world; None when
     there is none (imports no engine that is not loaded already)."""

@@ -234,10 +234,9 @@ def _unsafe() -> str | None:
         return (f"the warm process has {n} threads after its imports (Python's: {names}; "
                 f"a BLAS or OpenMP pool counts: OMP_NUM_THREADS=1 avoids one), and a fork "
                 f"copies only the calling thread")
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return "an accelerator runtime (CUDA) is initialised in the warm process"
-    return unsupported()
+    from .. import backends
+
+    return backends.fork_unsafe() or unsupported()
 
 
 def serve() -> None:
@@ -253,7 +252,9 @@ def serve() -> None:
     try:
         import importlib
 
-        for name in ("torch", "numpy"):
+        from .. import backends
+
+        for name in backends.WARM_MODULES:
             with suppress(ImportError):
                 importlib.import_module(name)
         import tensorplay.distributed  # noqa: F401 - the point: imported once, here
@@ -361,17 +362,14 @@ def _child(request: dict, fds: list[int], sock: socket.socket, wake: tuple[int, 
 
 
 def _reseed() -> None:
-    """RNGs as a fresh interpreter has them: random and numpy from the OS, torch at its
-    start seed (a constant in every fresh interpreter)."""
+    """RNGs as a fresh interpreter has them: random from the OS, the engines' libraries'
+    as ``backends.reseed_forked`` says."""
     import random
 
+    from .. import backends
+
     random.seed()
-    np = sys.modules.get("numpy")
-    if np is not None:
-        np.random.seed()
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.default_generator.manual_seed(torch.initial_seed())
+    backends.reseed_forked()
 
 
 def _run(main) -> int:
