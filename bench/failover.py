@@ -149,6 +149,9 @@ def _start(hosts: netns.Hosts, launcher: str, fault: str, nproc: int, tmp: Path
         if fault == "rank-killed":
             env.update(FAULT_RANK=str(2 * nproc - 1), FAULT_STEP=str(KILL_STEP),
                        FAULT_STAMP=str(tmp / "killed-at"))
+        # ranks started as fresh interpreters, as torchrun's are (a warm-forked rank keeps the
+        # warm process's command line, by which _rank_pids finds the ranks)
+        env["TENSORPLAY_NO_WARM"] = "1"
         argv = [sys.executable, "-m", LAUNCHERS[launcher], "--nnodes", "2", "--node-rank",
                 str(i - 1), "--nproc-per-node", str(nproc), "--master-addr", hosts.address(1),
                 "--master-port", PORT, JOB, "--launcher", launcher]

@@ -187,8 +187,9 @@ def _argv(side: str, a: argparse.Namespace, ckpt: Path) -> tuple[list[str], dict
     env = dict(os.environ, PYTHONPATH=pythonpath(),
                TMPDIR=str(ckpt.parent))  # torchrun makes a torchelastic_* folder and keeps it
     if side in OURS:  # "shrink" restarts nobody: its first step after the kill is on (1, 4)
-        return ([sys.executable, "-m", "tensorplay.distributed.run", "--nproc-per-node",
-                 str(NPROC), "--max-restarts", "1" if side == "ours" else "0",
+        # --no-warm: ranks as fresh interpreters, as torchrun's, found by their environment
+        return ([sys.executable, "-m", "tensorplay.distributed.run", "--no-warm",
+                 "--nproc-per-node", str(NPROC), "--max-restarts", "1" if side == "ours" else "0",
                  os.path.join(ROOT, "examples", "train_elastic.py"), *job], env)
     if not a.torch_shared_store:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tensorplay.distributed import _procfs
+from tensorplay.distributed.launcher.rank_main import RANK_COMM
 from tests import netns, spawn, timing
 
 pytestmark = pytest.mark.slow
@@ -173,7 +175,7 @@ def test_a_frozen_host_has_its_ranks_killed_as_hung_and_both_launchers_stop(tmp_
 
     def freeze_host_b() -> None:
         ranks_b = [pid for pid in netns.descendants(hosts.procs[1].pid)
-                   if "tensorplay_rank_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+                   if _procfs.comm(pid) == RANK_COMM]
         assert len(ranks_b) == 2, ranks_b
         for pid in ranks_b:
             os.kill(pid, signal.SIGSTOP)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,7 @@ def test_a_child_is_seen_running_stopped_and_then_dead():
         # the child's words are its own once it has run exec (empty for a moment before)
         _wait_for(lambda: _procfs.cmdline(child.pid)[1:] == ["-c", "import time; time.sleep(30)"])
         assert _procfs.environ(child.pid)["TP_PROCFS_MARK"] == "yes"
+        assert _procfs.comm(child.pid) == Path(sys.executable).name[:15]
         child.send_signal(signal.SIGSTOP)
         _wait_for(lambda: _procfs.stopped(child.pid))
         child.send_signal(signal.SIGKILL)

@@ -66,6 +66,14 @@ def children(pid: int) -> list[int]:
     return kids
 
 
+def comm(pid: int) -> str | None:
+    """The process's name (``/proc/<pid>/comm``: 15 characters at most); None when gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
 def cmdline(pid: int) -> list[str]:
     """The process's command line, one word per argument; [] when it is gone."""
     try:

@@ -39,6 +39,7 @@ BEAT_S = "TENSORPLAY_RUN_BEAT_S"  # set: send a beat this often (--hang-timeout-
 PARENT_PID = "TENSORPLAY_RUN_PARENT_PID"
 WHAT_CHARS = 1000  # a report's one-line "Type: message" is cut here (one pipe write)
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+PR_SET_NAME = 15
 
 
 def loader_command() -> str:
@@ -47,6 +48,19 @@ def loader_command() -> str:
     return ("(lambda util: (lambda spec: (lambda mod: spec.loader.exec_module(mod) or mod.main())"
             "(util.module_from_spec(spec)))(util.spec_from_file_location("
             f"'tensorplay_rank_main', {__file__!r})))(__import__('importlib.util').util)")
+
+
+RANK_COMM = "tensorplay-rank"  # /proc/<pid>/comm of every rank tensorplay-run starts
+
+
+def name_this_process() -> None:
+    """Name this process RANK_COMM in /proc/<pid>/comm (Linux; 15 characters at most), so a
+    rank is known as one whether it started as a fresh interpreter or was forked from the
+    warm process (whose command line a forked rank keeps)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(PR_SET_NAME, RANK_COMM.encode(), 0, 0, 0)
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -259,6 +273,7 @@ def main() -> None:
     """Entry point in the rank: ``--file PATH ARGS...`` or ``--module NAME ARGS...``."""
     fd = os.environ.pop(REPORT_FD, None)
     parent = os.environ.pop(PARENT_PID, None)
+    name_this_process()
     if parent is not None:
         die_with_parent(int(parent))
     if fd is not None:
