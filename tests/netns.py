@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tensorplay.distributed import _procfs
+
 SUBNET = "198.18.0"
 # a host starts with no network settings but those a test gives it
 _NETWORK_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT")
@@ -40,18 +42,10 @@ def require() -> None:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (read from /proc), children before grandchildren."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry.name))
+    """Every live process below ``pid``, children before grandchildren."""
     found, todo = [], [pid]
     while todo:
-        children = parents.get(todo.pop(0), [])
+        children = _procfs.children(todo.pop(0))
         found += children
         todo += children
     return found

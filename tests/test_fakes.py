@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 
+from tests import timing
 from tests.fakes import MemoryStore, ThreadRanks
 
 
@@ -46,7 +47,7 @@ def test_a_wait_that_expires_raises_what_the_torch_engine_calls_a_timeout():
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="wait timeout after 100ms, keys: never") as caught:
         store.get("never")
-    assert 0.1 <= time.monotonic() - start < 5
+    assert 0.1 <= time.monotonic() - start < timing.bound(0.1, 5), timing.describe()
     assert _classify(caught.value) == "timeout"
 
 
@@ -66,7 +67,7 @@ def test_a_killed_store_fails_every_call_and_every_wait_as_a_lost_peer():
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="Connection reset by peer") as caught:
         store.get("never")  # woken by the death, not by its timeout
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < timing.bound(0, 10), timing.describe()  # not 30 s
     assert _classify(caught.value) == "peer_lost"
     for call in (lambda: store.set("k", "v"), lambda: store.check(["k"]), store.clone,
                  lambda: store.clone().compare_set("k", "", "v")):

@@ -12,6 +12,7 @@ from tensorplay.distributed._mesh_spec import MeshSpec
 from tensorplay.distributed._plot import INSTALL_HINT, plot
 from tensorplay.distributed._topology import CROSSING_LIMIT, hosts_round_robin, hosts_simulated
 from tensorplay.distributed.errors import ArgumentError, ArgumentTypeError
+from tests import timing
 
 DP_TP = MeshSpec.row_major((2, 4), ("dp", "tp"))
 
@@ -128,7 +129,7 @@ def test_a_million_ranks_summarised_quickly():
     assert "  0    dp    0           128    [5, 69, 133, 197, ..., 1048453, 1048517] " \
         "(size 16,384)" in lines
     assert len(lines) < 60
-    assert took < 15, took
+    assert took < timing.bound(0, 15), (took, timing.describe())
 
 
 def test_beyond_the_limit_hosts_are_not_counted_and_nothing_is_materialised():
@@ -136,7 +137,7 @@ def test_beyond_the_limit_hosts_are_not_counted_and_nothing_is_materialised():
     spec = MeshSpec.row_major((size // 8, 8), ("dp", "tp"))
     start = time.perf_counter()
     text = describe(spec, 9, hosts_simulated(size, 8))
-    assert time.perf_counter() - start < 2
+    assert time.perf_counter() - start < timing.bound(0, 2), timing.describe()
     assert f"  hosts  not counted (mesh over {CROSSING_LIMIT:,} ranks)" in text
     assert "  0    dp    1,048,576  8          not computed" in text
     assert "  host           host0" in text
@@ -190,7 +191,7 @@ def test_plot_the_largest_mesh_it_draws(tmp_path):
     start = time.perf_counter()
     data = plot(spec, tmp_path / "big.png", hosts_simulated(4096, 8), rank=1000).read_bytes()
     assert data[:8] == PNG and 100_000 < len(data) < 5_000_000
-    assert time.perf_counter() - start < 60
+    assert time.perf_counter() - start < timing.bound(0, 60), timing.describe()
 
 
 @pytest.mark.parametrize("kwargs, error, message", [

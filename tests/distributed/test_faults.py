@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tensorplay.distributed import _procfs
 from tests import spawn, timing
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -264,14 +265,6 @@ except Exception as err:
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
 def test_launcher_stops_the_job_when_a_rank_is_killed(tmp_path):
     job = tmp_path / "job.py"
     job.write_text(textwrap.dedent(LAUNCHED))
@@ -286,7 +279,7 @@ def test_launcher_stops_the_job_when_a_rank_is_killed(tmp_path):
     assert "rank 3 failed first (killed by signal SIGKILL)" in proc.stderr, proc.stderr[-2000:]
     assert "stopped ranks 0-2" in proc.stderr
     deadline = time.monotonic() + timing.bound(0, 5)
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(_procfs.alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert [p for p in pids if _alive(p)] == []  # no process left behind
+    assert [p for p in pids if _procfs.alive(p)] == []  # no process left behind
     assert elapsed < timing.bound(0, 60), timing.describe()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tensorplay.distributed import _procfs
 from tests import timing
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -118,7 +119,7 @@ def run(*flags: str, restarts: int = 0, launcher: tuple[str, ...] = (),
 
 def _stop_hung(job: subprocess.Popen) -> tuple[str, str]:
     """SIGABRT each rank (its stacks go to stderr), then stop the launcher; its output."""
-    ranks = _children(job.pid)
+    ranks = _procfs.children(job.pid)
     for pid in ranks:
         _signal(pid, signal.SIGABRT)
     time.sleep(2)
@@ -126,16 +127,9 @@ def _stop_hung(job: subprocess.Popen) -> tuple[str, str]:
     try:
         return job.communicate(timeout=20)
     except subprocess.TimeoutExpired:
-        for pid in [job.pid, *ranks, *_children(job.pid)]:
+        for pid in [job.pid, *ranks, *_procfs.children(job.pid)]:
             _signal(pid, signal.SIGKILL)
         return job.communicate()
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -258,11 +258,14 @@ def _pick_interface(master_host: str) -> None:
 
 def _rendezvous_error(step: str, err: BaseException, began: float, timeout: timedelta,
                       missing: list[int] | None, about: str) -> DistributedError:
-    """The error of a rendezvous that failed: a timeout only when the wait really expired;
+    """The error of a rendezvous that failed: a timeout when the wait really expired, or when
+    it lasted that long while some rank never joined (a peer that gave up waiting for that rank
+    first makes the engine say "connection closed" here: the absent rank is still the cause);
     else what the engine said, after how long, and who had not joined."""
     elapsed = time.monotonic() - began
     said = _first_line(err)
-    if ENGINE.classify(err) == "timeout" and elapsed >= 0.5 * timeout.total_seconds():
+    waited = elapsed >= 0.5 * timeout.total_seconds()
+    if waited and (ENGINE.classify(err) == "timeout" or missing):
         who = None
         if missing == []:
             who = ("every rank reached the store, but the engine's own connections did not "
