@@ -277,18 +277,26 @@ def unless_told(step: str | Callable[[], str], world: JobContext, backend: str,
         finally:
             done.set()
 
+    def told(said: dict) -> RankFailedError:
+        what = step() if callable(step) else step
+        err = RankFailedError(f"{what} failed: {said['text']}. {FIX_FAILED}",
+                              ranks=said.get("ranks") or None)
+        err.told = True  # named_failures passes it on as it is
+        return err
+
     _thread.start_new_thread(run, ())
     pause = 0.0005
     while not done.wait(pause):
         said = read_verdict()
         if said is not None:
-            what = step() if callable(step) else step
-            err = RankFailedError(f"{what} failed: {said['text']}. {FIX_FAILED}",
-                                  ranks=said.get("ranks") or None)
-            err.told = True  # named_failures passes it on as it is
-            raise err
+            raise told(said)
         pause = min(pause * 2, WATCH_S)
     if "error" in box:
+        # a peer that read the verdict first and ended breaks this call's connection: the
+        # verdict, not that peer, is why it failed
+        said = read_verdict()
+        if said is not None:
+            raise told(said) from box["error"]
         raise box["error"]
     return box["value"]
 
