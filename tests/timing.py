@@ -49,6 +49,13 @@ def bound(configured_s: float, margin_s: float) -> float:
     return configured_s + margin_s * factor()
 
 
+def guard(seconds: float) -> float:
+    """A limit that only catches a hang (a subprocess's timeout, say): ``seconds`` on a quiet
+    machine, ``factor()`` times that on a busy one, so that a slow run is not taken for a
+    hung one."""
+    return seconds * factor()
+
+
 def describe() -> str:
     """'speed factor 1.3 (workload 1.1, load 2.6 on 2 cores)', for a failing test's message."""
     cores = os.cpu_count() or 1

@@ -41,7 +41,7 @@ def script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
 def run(*args: str | Path, timeout: float = 30, env: dict | None = None):
     """Run the launcher to completion and return the CompletedProcess (text output)."""
     return subprocess.run([*LAUNCHER, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env, errors="replace")
+                          timeout=timing.guard(timeout), env=env, errors="replace")
 
 
 def socket_free_port() -> int:

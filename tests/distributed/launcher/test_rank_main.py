@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tensorplay.distributed.launcher import rank_main as _rank_main
+from tests import timing
 
 PROBE = '''\
 """a probe"""
@@ -56,7 +57,8 @@ ENDINGS = {
 
 
 def run(argv: list[str], cwd: Path, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=30,
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True,
+                          timeout=timing.guard(30),
                           env={**os.environ, **(env or {})}, **kw)
 
 

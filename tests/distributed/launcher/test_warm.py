@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import textwrap
@@ -14,6 +15,7 @@ import textwrap
 import pytest
 
 from tensorplay.distributed.launcher.spec import parse_args
+from tests import timing
 
 from .test_main import assert_all_gone, read_pids, run, script
 
@@ -94,7 +96,8 @@ def subprocess_run_in(cwd, *args, env=None, timeout=60):
     import subprocess
 
     return subprocess.run([sys.executable, "-m", "tensorplay.distributed.run", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=timing.guard(timeout),
+                          env=env, cwd=cwd,
                           errors="replace")
 
 
@@ -121,8 +124,10 @@ def test_a_raising_warm_rank_is_reported_as_today(tmp_path):
     res = run("--nproc-per-node", "2", "--settle-s", "0.2", job)
     assert res.returncode == 1, res.stderr
     assert "[rank 1] ValueError: bad lr" in res.stderr
-    assert res.stderr.splitlines()[-1] == (
-        "tensorplay-run: rank 1 failed first (exit code 1): ValueError: bad lr; stopped rank 0.")
+    # on a busy machine rank 1 may still be exiting when the 0.2 s settle ends: stopped too
+    assert re.fullmatch(r"tensorplay-run: rank 1 failed first \((exit code 1|stopped while "
+                        r"exiting)\): ValueError: bad lr; stopped rank 0\.",
+                        res.stderr.splitlines()[-1]), res.stderr
     assert_all_gone(read_pids(tmp_path, 2))
 
 
