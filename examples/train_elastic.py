@@ -103,8 +103,10 @@ def reference(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def roll_back(mesh, state: list[torch.Tensor], before: list[torch.Tensor]) -> None:
-    """After a recovery: every member goes back to the earliest step any of them is at (a
-    rank may have finished the failed step that others did not: it undoes it)."""
+    """After a recovery: every member goes back to the earliest step any of them is at. A
+    rank may have finished the step in which others failed (its reductions went through
+    before the loss broke theirs): it is one step ahead, and ``before``, the state from
+    before its last completed step, undoes that step."""
     step = state[2].clone()
     for dim in MESH_NAMES:
         dist.all_reduce(step, op=dist.ReduceOp.MIN, group=mesh.get_group(dim))
@@ -147,11 +149,10 @@ def main() -> int:
             f"{mesh.epoch}", True)
 
     w1, w2 = weights()
-    tp_size = MESH_SHAPE[1]  # a rank outside the mesh (the members finished) keeps its place
-    tp = rank % tp_size if mesh.get_coordinate() is None else mesh.get_local_rank("tp")
+    tp_size, tp = MESH_SHAPE[1], mesh.get_local_rank("tp")
     state = [w1.chunk(tp_size, dim=1)[tp].clone(), w2.chunk(tp_size, dim=0)[tp].clone(),
              torch.zeros(1, dtype=torch.int64)]  # my W1 columns, the same W2 rows, the step
-    before = [t.clone() for t in state]
+    before = [t.clone() for t in state]  # the state before the last completed step
     sync, undo = bool(mesh.fresh_ranks), False
     while True:
         try:
@@ -162,10 +163,7 @@ def main() -> int:
                 roll_back(mesh, state, before)
                 undo = False
             if mesh.get_coordinate() is None:  # a spare: wait until its slice is back
-                mesh = mesh.grow()
-                if mesh.get_coordinate() is None:  # the members finished without it
-                    say(f"rank {rank}: the members finished without it; leaving", True)
-                    return 0
+                mesh = mesh.grow()  # MembersFinished (exit code 0) if the members end first
                 sync = True
                 say(f"rank {rank} is back in the mesh {mesh.shape} at epoch {mesh.epoch}",
                     a.verbose)
@@ -188,10 +186,11 @@ def main() -> int:
             if first_run and rank in a.stalls and a.stalls[rank][0] == step:
                 say(f"rank {rank} stalls {a.stalls[rank][1]:g} s at step {step + 1}", True)
                 time.sleep(a.stalls.pop(rank)[1])
-            before = [t.clone() for t in state]
+            start = [t.clone() for t in state]
             time.sleep(a.step_s)
             loss = train_step(mesh, state[0], state[1], step)
             state[2] += 1
+            before = start
             say(f"step {step + 1}/{a.steps}  mesh {mesh.shape} epoch {mesh.epoch}  "
                 f"loss {loss:.6f}")
         except FAILURES as err:

@@ -173,6 +173,22 @@ class StaleEpochError(DistributedError, RuntimeError):
     or grew since), or reached a recovery after the others had gone on without it."""
 
 
+class MembersFinished(SystemExit):
+    """Not an error: a rank outside an elastic mesh (a spare, or a replacement that came too
+    late) learnt in ``grow()`` or ``init_device_mesh`` that the members finished the job
+    without it. It is ``SystemExit(0)``: left uncaught it ends the process quietly with exit
+    code 0, so an elastic loop cannot mistake it for "go on" and spin; catch it to clean up
+    first. ``epoch`` is the epoch the members finished in."""
+
+    def __init__(self, message: str, *, epoch: int):
+        super().__init__(0)
+        self.message = message
+        self.epoch = epoch
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def rank_words(ranks: Iterable[int]) -> str:
     """'rank 3' for one rank, 'ranks 0-2, 5' for several."""
     ordered = sorted(set(ranks))

@@ -507,6 +507,17 @@ def destroy_process_group() -> None:
         world.close()
 
 
+def leave_unheard(world: World) -> None:
+    """Leave ``world`` as destroy_process_group does, but without comparing call counts: for
+    a rank the others finished without (a spare of an elastic mesh), whose calls nobody waits
+    for. Its engine groups are destroyed now, not by the interpreter's exit, where gloo's
+    threads still running abort the process ("terminate called without an active exception")."""
+    global _WORLD
+    if _WORLD is world:
+        _WORLD = None
+    world.close()
+
+
 def resolve_group(group: ProcessGroup | None, what: str) -> ProcessGroup:
     """The group a call acts on: the world's default group when None."""
     world = current_world(what)

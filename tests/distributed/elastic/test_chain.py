@@ -5,18 +5,24 @@ end of the job; and init_device_mesh's elastic arguments."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
 import tensorplay.distributed as dist
-from tensorplay.distributed import _keys
+from tensorplay.distributed import _env, _keys
 from tensorplay.distributed._control_store import StoreBoard
 from tensorplay.distributed.elastic import chain as _elastic
 from tensorplay.distributed.elastic.chain import Elastic
+from tensorplay.distributed.elastic.mesh import enter
 from tensorplay.distributed.errors import (
     ArgumentError,
     DistributedTimeoutError,
+    MembersFinished,
     ShrinkError,
     UnknownDimError,
 )
@@ -79,6 +85,39 @@ def test_a_waiting_rank_learns_that_the_job_ended_or_finished():
     _elastic.finish(store, 0, (1, 4), [0, 1, 2, 3])
     assert _elastic.await_admission(store, 5, "1 a", 0, timeout_s=1)["finished"] == (
         "the members finished at epoch 0")
+
+
+def test_a_waiting_rank_told_the_members_finished_ends_with_exit_code_0(capsys):
+    """mesh.grow() on a spare (and a late replacement's init_device_mesh) raise
+    MembersFinished, a SystemExit(0): a loop cannot take it for "go on" and spin."""
+    finished = {"finished": "the members finished at epoch 2", "epoch": 2, "shape": [1, 4],
+                "ranks": [0, 1, 2, 3]}
+    closed: list[bool] = []
+    world = SimpleNamespace(rank=5, close=lambda: closed.append(True))
+    with pytest.raises(MembersFinished) as caught:
+        enter(world, None, PLAN, finished)  # type: ignore[arg-type]
+    assert closed == [True]  # it left the world first: no engine group is left to the exit
+    assert isinstance(caught.value, SystemExit) and caught.value.code == 0
+    assert caught.value.epoch == 2
+    said = ("rank 5 waited outside the elastic mesh, and the members finished at epoch 2 "
+            "without it: it ends (exit code 0)")
+    assert str(caught.value) == said
+    assert capsys.readouterr().err == f"tensorplay.distributed: {said}\n"
+
+
+def test_a_token_of_a_process_gone_from_this_host_is_not_admitted():
+    """A replacement that died while it waited leaves its token behind: a poll must not admit
+    it (the new epoch's groups would wait for a dead process), until a live one replaces it."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    here = _env.hostname()
+    store = StoreBoard(MemoryStore())
+    for spare in (4, 6, 7):
+        _elastic.want(store, spare, f"{os.getpid()} {here}")
+    _elastic.want(store, 5, f"{dead.pid} {here}")
+    assert _elastic.poll(store, PLAN, 1, MEMBERS) is None
+    _elastic.want(store, 5, f"{dead.pid} elsewhere")  # another host's: its launcher judges it
+    assert _elastic.poll(store, PLAN, 2, MEMBERS)["fresh"] == [4, 5, 6, 7]
 
 
 def test_a_waiting_rank_nobody_admits_times_out_saying_why():

@@ -242,3 +242,55 @@ def test_a_hung_rank_a_death_during_recovery_and_a_straggler_in_one_replica():
     assert re.search(r"rank 7 failed first \(exit code 1\): StaleEpochError: rank 7 reached",
                      out.splitlines()[-1]), out.splitlines()[-1]
     assert took < timing.bound(0, 60), (took, timing.describe())
+
+
+def docs_loop() -> str:
+    """The loop of docs/elastic.md, as the page shows it (the block after its marker)."""
+    page = (ROOT / "docs" / "elastic.md").read_text()
+    block = page.split("<!-- elastic-loop -->\n```python\n", 1)[1].split("```", 1)[0]
+    assert "mesh.recover(err)" in block and "mesh.grow()" in block
+    return block
+
+
+def test_the_documented_loop_survives_a_loss_and_its_spare_ends_when_the_members_finish(
+        tmp_path):
+    """docs/elastic.md's loop, verbatim, on 4 ranks with --max-restarts 0: rank 3 SIGKILLed
+    (by pid, from here) once the loop runs; rank 2, its slice's spare, has nobody to wait for:
+    when ranks 0 and 1 finish, its grow() raises MembersFinished and it ends with exit code 0,
+    as does the job. Started cold (--no-warm), so that each rank's RANK is in its /proc
+    environ."""
+    script = tmp_path / "loop.py"
+    script.write_text(docs_loop())
+    cmd = [sys.executable, "-m", "tensorplay.distributed.run", "--nproc-per-node", "4",
+           "--max-restarts", "0", "--no-warm", str(script)]
+    job = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, errors="replace")
+    lines: list[str] = []
+    killed = False
+    deadline = time.monotonic() + LIMIT_S
+    try:
+        assert job.stdout is not None
+        for line in job.stdout:
+            lines.append(line)
+            if not killed and line.startswith("[rank 0] step 3 on (2, 2)"):
+                ranks = {_procfs.environ(pid).get("RANK"): pid
+                         for pid in _procfs.children(job.pid)}
+                os.kill(ranks["3"], signal.SIGKILL)
+                killed = True
+            if time.monotonic() > deadline:
+                break
+        code = job.wait(timeout=max(deadline - time.monotonic(), 1))
+    finally:
+        if job.poll() is None:
+            _stop_hung(job)
+    out = "".join(lines)
+    assert killed and code == 0, out[-4000:]
+    for rank in (0, 1):
+        assert f"[rank {rank}] rank {rank}: 20 steps, w -21.000000, expected -21.000000: ok" \
+            in out, out[-4000:]
+    assert re.search(r"\[rank 0\] step \d+ on \(1, 2\)", out), out[-4000:]
+    assert re.search(r"\[rank 2\] tensorplay.distributed: rank 2 waited outside the elastic "
+                     r"mesh, and the members finished at epoch \d+ without it: it ends \(exit "
+                     r"code 0\)", out), out[-4000:]
+    assert "rank 3 lost (killed by signal SIGKILL); not restarted" in out, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]

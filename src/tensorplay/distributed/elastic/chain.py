@@ -12,7 +12,10 @@ rank that moves on reads the same record, so nobody's own view changes the membe
   spare of a removed slice) and every rank of a removed slice is there again;
 - a waiting rank follows the chain from the epoch it knows, until a record admits it (its
   token, ``"<pid> <host>"``, is in ``admitted``), ends the job (``end``: it raises), or says the
-  members finished (``finished``, written at their destroy_process_group: it leaves).
+  members finished (``finished``, written at their destroy_process_group: it leaves, raising
+  MembersFinished, exit code 0). A token whose process is gone (on the deciding member's host,
+  where its pid can be looked up) is not admitted: a rank that died while it waited is lost
+  like any other, and its slice stays out until a replacement posts a live token.
 
 Worked example, (2, 4) named ("dp", "tp"), elastic "dp", rank 5 SIGKILLed at step 4:
 
@@ -33,7 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import _keys
+from .. import _env, _keys, _procfs
 from .._control import Board
 from .._engine import Severable
 from ..errors import DistributedTimeoutError, ShrinkError
@@ -120,13 +123,22 @@ def _growth(board: Board, plan: Elastic, members: set[int]) -> dict[str, Any]:
     """The grown mesh if waiting ranks complete a removed slice, else {}."""
     missing = [r for r in plan.full_ranks if r not in members]
     tokens = board.peek([_keys.ELASTIC_WANT.format(rank=r) for r in missing])
-    waiting = {r: t for r, t in zip(missing, tokens, strict=True) if t is not None}
+    waiting = {r: t for r, t in zip(missing, tokens, strict=True)
+               if t is not None and not _gone(t)}
     shape, ranks = grow(plan.full_shape, plan.full_ranks, plan.dim, members | set(waiting))
     admitted = {str(r): waiting[r] for r in ranks if r in waiting}
     if not admitted:
         return {}
     return {"epoch": plan.epoch + 1, "shape": list(shape), "ranks": list(ranks),
             "fresh": sorted(int(r) for r in admitted), "admitted": admitted}
+
+
+def _gone(token: str) -> bool:
+    """Whether the process a want token names (``"<pid> <host>"``) is on this host and no
+    longer running; a process on another host is taken as alive (its launcher's heartbeat
+    and the recovery judge it)."""
+    pid, _, host = token.partition(" ")
+    return host == _env.hostname() and pid.isdigit() and not _procfs.alive(int(pid))
 
 
 def want(board: Board, rank: int, token: str) -> None:

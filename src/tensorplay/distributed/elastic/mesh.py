@@ -27,6 +27,7 @@ epoch 2 at (2, 4) with 4-7 fresh; ``sync_replicas`` copies the state to them alo
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -38,13 +39,14 @@ from .._mesh import DeviceMesh, _laid_out, _make_groups, _not_elastic
 from .._mesh_spec import MeshSpec
 from ..errors import (
     ArgumentError,
+    MembersFinished,
     NotAMemberError,
     ShrinkError,
     StaleEpochError,
     bad_argument,
     format_ranks,
 )
-from ..world import World
+from ..world import World, leave_unheard
 from . import chain
 from .chain import Elastic
 from .session import Session, session_of
@@ -106,7 +108,9 @@ class ElasticMesh(DeviceMesh):
         Members call it at the same point of every step (SPMD; it costs one store round
         trip): all get the same answer. When a restarted rank and the spares of its removed
         slice all wait, the mesh returns to that slice (a new epoch, new groups; the joiners
-        are ``fresh_ranks``). On a spare it waits until its slice is filled again.
+        are ``fresh_ranks``). On a spare it waits until its slice is filled again, and
+        raises MembersFinished (``SystemExit(0)``: uncaught, the process ends with exit code
+        0) once the members finished without it, so no loop waits on for ever.
         """
         self._alive("grow()")
         return grow(self)
@@ -228,8 +232,8 @@ def _let_go(err: BaseException | None) -> None:
 
 def grow(mesh: ElasticMesh) -> DeviceMesh:
     """On a member: this mesh, or the grown mesh when waiting ranks complete a removed slice
-    (decided once per call for every member). On a spare: wait until admitted, or until the
-    members finished (then the last mesh, which still does not hold it)."""
+    (decided once per call for every member). On a spare: wait until admitted; MembersFinished
+    (exit code 0) once the members finished without it."""
     plan, world = mesh._plan, mesh._world
     if mesh._spec.coordinate_of(world.rank) is None:
         decision = chain.await_admission(chain.board_of(world), world.rank, token(),
@@ -261,9 +265,13 @@ def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, An
     """The mesh of the epoch ``decision`` opens, with its groups made afresh."""
     if "end" in decision:
         raise ShrinkError(decision["end"])
+    if "finished" in decision:  # a waiting rank: the members are done; so is this one
+        said = (f"rank {world.rank} waited outside the elastic mesh, and {decision['finished']} "
+                f"without it: it ends (exit code 0)")
+        print(f"tensorplay.distributed: {said}", file=sys.stderr, flush=True)
+        leave_unheard(world)
+        raise MembersFinished(said, epoch=decision["epoch"])
     spec = MeshSpec.from_ranks(tuple(decision["shape"]), decision["ranks"], mesh._spec.names)
-    if "finished" in decision:  # a waiting rank: the last mesh, without it; no groups
-        return mesh._next(spec, plan.at(decision))
     if world.rank in decision.get("lost", ()):
         raise StaleEpochError(
             f"rank {world.rank} is still in epoch {plan.epoch}, but the others agreed it was "
