@@ -1,16 +1,19 @@
 """Training on after a rank dies: elastic recovery (tensorplay-run) against restart-the-world.
 
-    python bench/recovery.py                # 3 runs of each of 3 sides; ~5 min on 2 cores
-    python bench/recovery.py --repeat 1     # one of each (~1.5 min)
+    python bench/recovery.py                # 3 runs of each of 4 sides; ~7 min on 2 cores
+    python bench/recovery.py --repeat 1     # one of each (~2 min)
 
 Ours, as tensorplay-run runs it (``python -m tensorplay.distributed.run`` is tensorplay-run):
 
     tensorplay-run --nproc-per-node 8 --max-restarts 1 \
         examples/train_elastic.py --steps 16 --kill 5@4 --step-s 1.0
 
-and the same with ``--max-restarts 0`` ("shrink": nobody is restarted, so the first step after
-the kill is always on the shrunk mesh; with a replacement that is back within about 2 s the mesh
-often grows again before that step, and that run has no step on (1, 4) to time).
+with ranks started cold (``--no-warm``: fresh interpreters, as torchrun starts them); the same
+with ``--max-restarts 0`` ("shrink": nobody is restarted, so the first step after the kill is
+always on the shrunk mesh; with a replacement that is back within about 2 s the mesh often grows
+again before that step, and that run has no step on (1, 4) to time); and "warm", tensorplay-run
+as it starts by default: every rank, the replacement too, forked from one process that has
+imported torch.
 
 Theirs, restart-the-world: the same training on plain torch.distributed (gloo, torch's own
 ``init_device_mesh``), a checkpoint saved by every rank after every step and loaded at start:
@@ -42,7 +45,7 @@ real compute only (the sleep stands in for a model's compute, which is not what 
 - ours, kill -> the replacement's process start (tensorplay-run's reaction); from that start
   to its ``main()`` (interpreter and imports), to its ``init_device_mesh`` returning (joined),
   and to the first step on the regrown (2, 4) mesh, less one step (the issue's second figure);
-  kill -> first step on (2, 4) again, less one step;
+  kill -> first step on (2, 4) again, less one step; the same, and kill -> joined, warm;
 - theirs, kill -> first step after the restart, less one step, and its parts: kill -> rank 0's
   new process start (torchrun's reaction), that start -> checkpoint loaded (interpreter, torch
   imports, ``init_process_group``, mesh, ``torch.load``).
@@ -52,8 +55,9 @@ resolution), which rank and which run of it from its environment (RANK, and
 TENSORPLAY_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT).
 
 Goals (issue): the first step on the shrunk mesh within 3 s of the kill (the slowest run
-counts), and kill -> first step at least 10x faster than restart-the-world (median over
-repeats of theirs/ours within each pair of runs). Each run also checks its result: ours
+counts), kill -> first step at least 10x faster than restart-the-world (median over repeats of
+theirs/ours within each pair of runs), and warm, kill -> first step on the regrown mesh, less
+one step, within 1 s (slowest run). Each run also checks its result: ours
 prints "OK" when its weights match one-process training, and both print each step's loss.
 
 Every run is bounded (--limit-s, and --exit-grace-s after the last step) and leaves nothing
@@ -108,8 +112,13 @@ POLL_S = 0.1
 STOP_GRACE_S = 5.0  # after SIGTERM to a launcher, before SIGKILL to everything below us
 GOAL_SHRINK_S = 3.0
 GOAL_RATIO = 10.0
-OURS = ("ours", "shrink")  # the sides run by tensorplay-run; "torch" is torchrun's
+GOAL_BACK_S = 1.0  # warm: kill -> the replacement back in the full mesh
+# the sides run by tensorplay-run ("torch" is torchrun's): "ours" and "shrink" start their ranks
+# cold (--no-warm), as torchrun does; "warm" forks them (the replacement too) from a warm process
+OURS = ("ours", "warm", "shrink")
+RESTARTING = ("ours", "warm")
 NAMES = {"ours": "tensorplay-run (elastic, --max-restarts 1)",
+         "warm": "tensorplay-run warm (elastic, --max-restarts 1)",
          "shrink": "tensorplay-run (elastic, --max-restarts 0)",
          "torch": "torchrun (restart-the-world)"}
 
@@ -188,8 +197,10 @@ def _argv(side: str, a: argparse.Namespace, ckpt: Path) -> tuple[list[str], dict
                TMPDIR=str(ckpt.parent))  # torchrun makes a torchelastic_* folder and keeps it
     if side in OURS:  # "shrink" restarts nobody: its first step after the kill is on (1, 4)
         # --no-warm: ranks as fresh interpreters, as torchrun's, found by their environment
-        return ([sys.executable, "-m", "tensorplay.distributed.run", "--no-warm",
-                 "--nproc-per-node", str(NPROC), "--max-restarts", "1" if side == "ours" else "0",
+        cold = [] if side == "warm" else ["--no-warm"]
+        return ([sys.executable, "-m", "tensorplay.distributed.run", *cold,
+                 "--nproc-per-node", str(NPROC),
+                 "--max-restarts", "1" if side in RESTARTING else "0",
                  os.path.join(ROOT, "examples", "train_elastic.py"), *job], env)
     if not a.torch_shared_store:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
@@ -289,12 +300,13 @@ def _read_ours(run: Run, text: str, a: argparse.Namespace, starts: RankStarts) -
                "start_main": _since(t["main"], t["start"]),
                "start_joined": _since(t["joined"], t["start"]),
                "start_regrown": _since(t["regrown"], t["start"], s),
+               "kill_joined": _since(t["joined"], t["kill"]),
                "kill_regrown": _since(t["regrown"], t["kill"], s)}
     if joined is not None and int(joined["dp"]) < 2:
         run.note = (f"rank {KILL_RANK}'s replacement joined as a spare (mesh ({joined['dp']}, "
                     f"{joined['tp']})), "
                     + ("never on a regrown mesh" if regrown is None else "then grew back"))
-    elif joined is None and run.side == "ours":  # "shrink" restarts nobody
+    elif joined is None and run.side in RESTARTING:  # "shrink" restarts nobody
         run.note = f"rank {KILL_RANK}'s replacement never joined"
     if recovered is None:
         run.note = "; ".join([*_ours_trouble(text), run.note])
@@ -361,7 +373,13 @@ ROWS = [
     ("ours", "start_joined", "replacement's start -> joined (init_device_mesh returned)"),
     ("ours", "start_regrown", "replacement's start -> first step on the regrown (2, 4) mesh, "
                               "less one step"),
+    ("ours", "kill_joined", "kill -> replacement joined the full mesh (init_device_mesh "
+                            "returned)"),
     ("ours", "kill_regrown", "kill -> first step on the regrown (2, 4) mesh, less one step"),
+    ("warm", "kill_joined", "kill -> replacement joined the full mesh (forked from the warm "
+                            "process; its process start is not read from /proc)"),
+    ("warm", "kill_regrown", "**kill -> first step on the regrown (2, 4) mesh**, less one "
+                             "step"),
     ("torch", "kill_start", "kill -> restarted rank 0's process start"),
     ("torch", "start_loaded", "restarted rank 0's start -> checkpoint loaded (+ torch imports, "
                               "init_process_group, mesh, torch.load)"),
@@ -371,7 +389,8 @@ ROWS = [
 
 def _sides(i: int) -> tuple[str, ...]:
     """The order of the sides in repeat i: alternating, so neither always runs first."""
-    return ("ours", "shrink", "torch") if i % 2 == 0 else ("torch", "shrink", "ours")
+    return (("ours", "warm", "shrink", "torch") if i % 2 == 0
+            else ("torch", "shrink", "warm", "ours"))
 
 
 def report(results: dict[str, list[Run]], a: argparse.Namespace) -> None:
@@ -414,13 +433,20 @@ def goal(results: dict[str, list[Run]], ratio: float | None) -> None:
     worst = None if None in shrink else max(shrink)
     ok1 = worst is not None and worst <= GOAL_SHRINK_S
     ok2 = ratio is not None and ratio >= GOAL_RATIO
+    back = [r.fig.get("kill_regrown") for r in results["warm"]]
+    back_worst = None if not back or None in back else max(back)
+    ok3 = back_worst is not None and back_worst <= GOAL_BACK_S
     print(f"\n```\nGoal: first step on the shrunk mesh within {GOAL_SHRINK_S:g} s of the kill "
-          f"(slowest run), and >= {GOAL_RATIO:g}x faster than restart-the-world.")
+          f"(slowest run), >= {GOAL_RATIO:g}x faster than restart-the-world, and warm, the "
+          f"replacement back in the full mesh within {GOAL_BACK_S:g} s of the kill.")
     print(f"  kill -> first shrunk step: "
           f"{'missing' if worst is None else fmt_time(worst)} [{'ok' if ok1 else 'MISSED'}]")
     print(f"  theirs/ours: {'-' if ratio is None else f'{ratio:.1f}x'} "
           f"[{'ok' if ok2 else 'MISSED'}]")
-    print(f"Goal met: {'YES' if ok1 and ok2 else 'NO'}\n```")
+    print(f"  warm: kill -> first step on the regrown mesh (slowest run): "
+          f"{'missing' if back_worst is None else fmt_time(back_worst)} "
+          f"[{'ok' if ok3 else 'MISSED'}]")
+    print(f"Goal met: {'YES' if ok1 and ok2 and ok3 else 'NO'}\n```")
 
 
 def main() -> None:
@@ -450,7 +476,7 @@ def main() -> None:
               f"{time.strftime('%Y-%m-%d %H:%M %Z')}")
         print(f"command: {' '.join(['python', 'bench/recovery.py', *sys.argv[1:]])}",
               flush=True)
-        results: dict[str, list[Run]] = {"ours": [], "shrink": [], "torch": []}
+        results: dict[str, list[Run]] = {"ours": [], "warm": [], "shrink": [], "torch": []}
         tmp = Path(tempfile.mkdtemp(prefix="recovery-bench-"))
         try:
             for i in range(a.repeat):
