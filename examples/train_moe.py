@@ -24,15 +24,17 @@ Where the two views' groups have the same ranks they are the same group objects:
 makes new groups only for "efsdp" ([0, 2]) and "ep" ([0, 1]). Rank 0 prints this.
 
 Gradients: the loss is the mean over all 64 tokens = the mean of the 8 ranks' local losses, so a
-parameter's gradient is the sum of every rank's local gradient divided by 8. A dense weight has 8
-copies (one per rank), so that is their average. An expert has only 4 copies (dp_replicate x
-efsdp), and each copy already holds the sum over the 2 "ep" ranks whose tokens it served (the
-backward all-to-all brings them), so its gradient is the sum of its copies divided by 8, not their
-average (which would be 2x too large; ``--average-expert-grads`` makes that mistake on purpose).
+parameter's gradient is the sum of every rank's local gradient divided by 8. The dense weights
+are gathered on all 8 ranks, so that is the average of the 8 ranks' gradients. An expert is
+gathered on only 4 ranks (dp_replicate x efsdp), and each of them already holds the sum over the
+2 "ep" ranks whose tokens it served (the backward all-to-all brings them), so its gradient is the
+sum over its 4 ranks divided by 8, not their average (2x too large; ``--average-expert-grads``
+makes that mistake on purpose).
 
-Rank 0 prints the views, the loss of each step and how far the final weights and losses are from
-the same training in one process (float64); above 1e-6 every rank exits 1. It prints the loss
-going 1.253471 -> 0.373239 over 5 steps, as one process does, and "max abs diff: 2.220e-16".
+Rank 0 prints the views, how many rows its first step sends to each "ep" rank ([9, 7]), the loss
+of each step and how far the final weights and losses are from the same training in one process
+(float64); above 1e-6 every rank exits 1. The loss goes 1.253471 -> 0.373239 over 5 steps, as in
+one process, and it prints "max abs diff: 2.220e-16".
 """
 
 from __future__ import annotations
@@ -138,13 +140,14 @@ class AllToAll(torch.autograd.Function):
         return back, None, None, None
 
 
-def moe_layer(h, ids, weights, a, b, ep_group) -> torch.Tensor:
-    """The expert layer on this rank's tokens, its experts being ``a``, ``b`` (local ones).
+def moe_layer(h, ids, weights, a, b, ep_group):
+    """The expert layer on this rank's tokens, its experts being ``a``, ``b`` (local ones);
+    returns the output and the rows sent to and received from each "ep" rank.
 
     With 2 "ep" ranks and 4 experts, ep rank j holds experts 2j and 2j+1. Each (token, choice)
-    pair is a row; rows are sorted by expert, so the rows for ep rank j come j-th. The counts
-    per expert are exchanged first (all-to-all of 4 integers), so that each rank knows how many
-    rows it receives from whom and for which of its experts.
+    pair is a row; rows are sorted by expert, so the rows for ep rank j come j-th. The 4 counts
+    of rows per expert go first (an all-to-all: ep rank j gets the 2 counts of its experts), so
+    that each rank knows how many rows it receives from whom and for which of its experts.
     """
     n_ep, n_local = ep_group.size(), a.shape[0]
     expert_of = ids.reshape(-1)  # row t * TOP_K + k: token t's k-th choice
@@ -163,7 +166,7 @@ def moe_layer(h, ids, weights, a, b, ep_group) -> torch.Tensor:
         out = out.index_add(0, mine, expert(rows[mine], a[e], b[e]))
     back = AllToAll.apply(out, recv, send, ep_group)  # answers home, in sorted-row order
     back = back * weights.reshape(-1)[order, None]
-    return torch.zeros_like(h).index_add(0, token, back)
+    return torch.zeros_like(h).index_add(0, token, back), send, recv
 
 
 # -- sharded flat weights (a minimal FSDP) ------------------------------------------------------
@@ -221,7 +224,11 @@ def train(dense, expert_view, problem, steps: int, average_expert_grads: bool, s
         a, b = unflat(expert_full, expert_shapes)
         h = torch.tanh(x @ w_in)
         ids, weights = route(h, w_gate)
-        y = (h + moe_layer(h, ids, weights, a, b, ep)) @ w_out
+        moe, send, recv = moe_layer(h, ids, weights, a, b, ep)
+        if step == 0:
+            say(f"step 1: rank 0 sends {send} (token, expert) rows to ep ranks {ep.ranks} "
+                f"and receives {recv}")
+        y = (h + moe) @ w_out
         loss = ((y - target) ** 2).mean()  # this rank's tokens only
         dense_grad, expert_grad = torch.autograd.grad(loss, [dense_full, expert_full])
         dense_shard -= LR * reduce_grad(dense_grad, dp_shard, dp_rep, world)

@@ -100,6 +100,9 @@ def test_moe_example_shares_groups_and_matches_single_process_training():
     assert views == [("dp_replicate", "[0, 4]", "dense 'dp_replicate' (the same group)"),
                      ("efsdp", "[0, 2]", "new"), ("ep", "[0, 1]", "new"),
                      ("efsdp x ep", "[0, 1, 2, 3]", "dense 'dp_shard' (the same group)")], out
+    # 8 tokens x 2 choices: rows to both ep ranks, unevenly (the split sizes are exchanged)
+    assert "step 1: rank 0 sends [9, 7] (token, expert) rows to ep ranks [0, 1] and receives " \
+           "[9, 9]" in out
     steps = losses(out)
     assert len(steps) == 5 and steps[-1] < 0.5 * steps[0], steps  # it learns
     assert f"one process: loss {steps[0]:.6f} -> {steps[-1]:.6f}" in out
