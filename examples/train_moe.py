@@ -60,8 +60,8 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=5, help="SGD steps (default 5)")
     p.add_argument("--average-expert-grads", action="store_true",
-                   help="for tests only: average the expert gradients over their copies as for "
-                        "the dense weights, which makes them 2x too large; the check must fail")
+                   help="for tests only: average the expert gradients over the ranks holding "
+                        "them, as for the dense weights: 2x too large, so the check must fail")
     a = p.parse_args()
     if a.steps < 1:
         p.error(f"--steps must be at least 1, got {a.steps}")
@@ -182,12 +182,12 @@ def gather(shard: torch.Tensor, group) -> torch.Tensor:
     return full
 
 
-def reduce_grad(grad: torch.Tensor, shard_group, copy_group, divisor: int) -> torch.Tensor:
+def reduce_grad(grad: torch.Tensor, shard_group, replicate_group, divisor: int) -> torch.Tensor:
     """This rank's shard of the summed gradient: summed over the shard group (reduce-scatter)
-    and over the copies (all-reduce), divided by ``divisor``."""
+    and over the replicas (all-reduce), divided by ``divisor``."""
     shard = grad.new_empty(grad.numel() // shard_group.size())
     dist.reduce_scatter_tensor(shard, grad, op=dist.ReduceOp.SUM, group=shard_group)
-    dist.all_reduce(shard, op=dist.ReduceOp.SUM, group=copy_group)
+    dist.all_reduce(shard, op=dist.ReduceOp.SUM, group=replicate_group)
     return shard / divisor
 
 
@@ -200,13 +200,17 @@ def unflat(flat: torch.Tensor, shapes: Sequence[tuple[int, ...]]) -> list[torch.
 DENSE_SHAPES = [(D_IN, D), (D, EXPERTS), (D, D_OUT)]  # w_in, w_gate, w_out
 
 
+def expert_shapes(n_local: int) -> list[tuple[int, ...]]:
+    """The shapes of a rank's A and B: its ``n_local`` experts' weights."""
+    return [(n_local, D, HIDDEN), (n_local, HIDDEN, D)]
+
+
 def train(dense, expert_view, problem, steps: int, average_expert_grads: bool, say):
     """SGD on this rank's shards and tokens; returns the final shards."""
     dp_shard, dp_rep = dense.get_group("dp_shard"), dense.get_group("dp_replicate")
     efsdp, ep = expert_view.get_group("efsdp"), expert_view.get_group("ep")
     n_local = EXPERTS // ep.size()
     first = dist.get_rank(ep) * n_local  # my first expert
-    expert_shapes = [(n_local, D, HIDDEN), (n_local, HIDDEN, D)]
     dense_shard = my_shard(torch.cat([problem[k].flatten() for k in ("w_in", "w_gate", "w_out")]),
                            dp_shard)
     expert_shard = my_shard(torch.cat([problem[k][first:first + n_local].flatten()
@@ -215,13 +219,13 @@ def train(dense, expert_view, problem, steps: int, average_expert_grads: bool, s
     per_rank = TOKENS // dense.size()
     x, target = (problem[k][i * per_rank:(i + 1) * per_rank] for k in ("x", "target"))
     world = dense.size()  # the number of batch shards: the loss is their mean
-    copies = dp_rep.size() * efsdp.size()  # copies of each expert
+    gathered_on = dp_rep.size() * efsdp.size()  # the ranks an expert is gathered on
     losses = []
     for step in range(steps):
         dense_full = gather(dense_shard, dp_shard).requires_grad_()
         expert_full = gather(expert_shard, efsdp).requires_grad_()
         w_in, w_gate, w_out = unflat(dense_full, DENSE_SHAPES)
-        a, b = unflat(expert_full, expert_shapes)
+        a, b = unflat(expert_full, expert_shapes(n_local))
         h = torch.tanh(x @ w_in)
         ids, weights = route(h, w_gate)
         moe, send, recv = moe_layer(h, ids, weights, a, b, ep)
@@ -233,7 +237,7 @@ def train(dense, expert_view, problem, steps: int, average_expert_grads: bool, s
         dense_grad, expert_grad = torch.autograd.grad(loss, [dense_full, expert_full])
         dense_shard -= LR * reduce_grad(dense_grad, dp_shard, dp_rep, world)
         expert_shard -= LR * reduce_grad(expert_grad, efsdp, dp_rep,
-                                         copies if average_expert_grads else world)
+                                         gathered_on if average_expert_grads else world)
         total = loss.detach().reshape(1)
         dist.all_reduce(total, op=dist.ReduceOp.AVG)  # the mean over all 64 tokens
         losses.append(total.item())
@@ -249,8 +253,7 @@ def compare(dense, expert_view, shards, problem, steps: int, say) -> bool:
     w_in, w_gate, w_out = unflat(gather(dense_shard, dense.get_group("dp_shard")), DENSE_SHAPES)
     n_local = EXPERTS // expert_view.size(2)
     first = expert_view.get_local_rank("ep") * n_local
-    a, b = unflat(gather(expert_shard, expert_view.get_group("efsdp")),
-                  [(n_local, D, HIDDEN), (n_local, HIDDEN, D)])
+    a, b = unflat(gather(expert_shard, expert_view.get_group("efsdp")), expert_shapes(n_local))
     pairs = [(w_in, ref["w_in"]), (w_gate, ref["w_gate"]), (w_out, ref["w_out"]),
              (a, ref["a"][first:first + n_local]), (b, ref["b"][first:first + n_local]),
              (torch.tensor(losses, dtype=DTYPE), torch.tensor(ref_losses, dtype=DTYPE))]
