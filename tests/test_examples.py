@@ -1,5 +1,6 @@
 """The examples, run by the launcher on 8 real gloo ranks: the main job, examples/train_dp_tp.py,
-and examples/train_fsdp_tp.py (FSDP2 + tensor parallelism on our mesh)."""
+examples/train_fsdp_tp.py (FSDP2 + tensor parallelism on our mesh) and examples/train_moe.py (a
+mixture of experts on a dense view and its expert reshape)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,46 @@ def test_fsdp_tp_example_matches_single_process_training():
     assert len(steps) == 5 and steps[-1] < 0.8 * steps[0], steps  # it learns
     assert 0 <= max_diff(out) < TOLERANCE
     assert "OK: matches single-process training" in out
+
+
+# -- examples/train_moe.py: a mixture of experts on a dense view and its expert reshape ----------
+MOE = [*JOB[:-1], "examples/train_moe.py"]
+MOE_TOLERANCE = 1e-6
+
+
+def moe_diff(out: str) -> float:
+    found = re.findall(r"^max abs diff: (\S+) \(tolerance 1e-06;", out, re.MULTILINE)
+    assert len(found) == 1, out
+    return float(found[0])
+
+
+def test_moe_example_shares_groups_and_matches_single_process_training():
+    code, out, err = run_job(job=MOE)
+    assert code == 0, f"exit {code}\n{out}\n{err[-3000:]}"
+    assert "expert DeviceMesh('cpu', dp_replicate=2, efsdp=2, ep=2; mesh=[[[0, 1], [2, 3]], " \
+           "[[4, 5], [6, 7]]])" in out
+    views = re.findall(r"^\s+(dp_replicate|efsdp|ep|efsdp x ep)\s+(\[.*?\])\s+(.*)$", out,
+                       re.MULTILINE)
+    assert views == [("dp_replicate", "[0, 4]", "dense 'dp_replicate' (the same group)"),
+                     ("efsdp", "[0, 2]", "new"), ("ep", "[0, 1]", "new"),
+                     ("efsdp x ep", "[0, 1, 2, 3]", "dense 'dp_shard' (the same group)")], out
+    # 8 tokens x 2 choices: rows to both ep ranks, unevenly (the split sizes are exchanged)
+    assert "step 1: rank 0 sends [9, 7] (token, expert) rows to ep ranks [0, 1] and receives " \
+           "[9, 9]" in out
+    steps = losses(out)
+    assert len(steps) == 5 and steps[-1] < 0.5 * steps[0], steps  # it learns
+    assert f"one process: loss {steps[0]:.6f} -> {steps[-1]:.6f}" in out
+    assert 0 <= moe_diff(out) < MOE_TOLERANCE
+    assert "OK: matches single-process training" in out
+
+
+def test_moe_example_fails_when_expert_gradients_are_averaged_like_dense_ones():
+    code, out, err = run_job("--average-expert-grads", "--steps", "2", job=MOE)
+    assert code != 0, out
+    assert moe_diff(out) > MOE_TOLERANCE
+    assert "MISMATCH: trained weights differ from single-process training" in out
+    assert err.splitlines()[-1] == "tensorplay-run: all 8 ranks failed alike (exit code 1).", (
+        err[-3000:])
 
 
 # -- examples/heat2d.py: numpy only, the same script on the MPI engine and on gloo -------------

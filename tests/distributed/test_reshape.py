@@ -218,6 +218,25 @@ def test_an_expert_dim_that_cuts_a_dense_dim_gets_new_groups(fake_world):
     assert dist.world.current_world("test").created == made + 2  # efsdp and ep are new
 
 
+def test_a_flatten_of_view_dims_slices_the_view_and_is_not_offered_elsewhere(fake_world):
+    """examples/train_moe.py's views: "efsdp" x "ep" flattened is dense's "dp_shard" group; the
+    name slices the view, and a mesh without those dims neither takes nor suggests it."""
+    fake_world(0, 8)
+    dense = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp_replicate", "dp_shard"))
+    expert = dense.reshape((2, 2, 2), ("dp_replicate", "efsdp", "ep"), shared=("dp_replicate",))
+    made = dist.world.current_world("test").created
+    efsdp_ep = expert["efsdp", "ep"].flatten("efsdp_ep")
+    assert efsdp_ep.get_group() is dense.get_group("dp_shard")
+    assert dist.world.current_world("test").created == made  # found, not made
+    assert expert["dp_replicate", "efsdp_ep"].get_group("efsdp_ep") is efsdp_ep.get_group()
+    with pytest.raises(UnknownDimError) as err:
+        dense["efsdp_ep"]
+    assert str(err.value) == ("mesh[...]='efsdp_ep': is not a dim name of this mesh. Fix: use "
+                              "one of ('dp_replicate', 'dp_shard').")
+    with pytest.raises(UnknownDimError, match=r"Fix: use one of \('efsdp',\)"):
+        expert["efsdp"]["efsdp_ep"]  # a slice that lacks "ep"
+
+
 def test_the_view_goes_through_the_cross_rank_check(fake_world, monkeypatch):
     seen = []
     monkeypatch.setattr(_mesh, "agree", lambda world, what, request: seen.append((what,

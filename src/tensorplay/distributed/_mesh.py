@@ -643,10 +643,13 @@ class DeviceMesh:
         names = self.mesh_dim_names or ()
         if name in names:
             return (names.index(name),)
-        merged = self._world.flattened_names(self._root_key()).get(name)
+        flattened = self._world.flattened_names(self._root_key())
+        merged = flattened.get(name)
         if merged is not None and all(n in names for n in merged):
             return tuple(names.index(n) for n in merged)
-        known = list(names) + list(self._world.flattened_names(self._root_key()))
+        # a flattened name slices only meshes that hold its dims (not the root, for a flatten
+        # of a view's dims; not a slice that lacks one of them)
+        known = list(names) + [f for f, dims in flattened.items() if all(n in names for n in dims)]
         raise bad_argument("mesh[...]", name, "is not a dim name of this mesh",
                            f"use one of {tuple(known)}" if known else
                            "this mesh has no dim names; build it with mesh_dim_names=... "
