@@ -8,6 +8,9 @@ views train a small model exactly as one process does, on our groups.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from torch.distributed.device_mesh import DeviceMesh as TorchMesh
@@ -26,6 +29,19 @@ from tensorplay.distributed.fsdp import FSDPModule, data_parallel_dims, fully_sh
 from tests import spawn, timing
 
 ROLES3 = {"dp_replicate": "replicate", "dp_shard": "shard", "tp": "tensor"}
+
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_the_docs_show_the_example_whole():
+    doc = (ROOT / "docs" / "distributed_tensors.md").read_text()
+    shown = re.findall(r"<!-- example: (\S+) -->\n```python\n(.*?)```\n<!-- /example -->", doc,
+                       re.DOTALL)
+    assert [path for path, _ in shown] == ["examples/fsdp_roles.py"]
+    for path, text in shown:
+        assert text == (ROOT / path).read_text(), f"docs/distributed_tensors.md: {path} differs"
+        assert "from tensorplay.distributed.fsdp import fully_shard" in text
 
 
 # -- which dims: pure ---------------------------------------------------------------------------
