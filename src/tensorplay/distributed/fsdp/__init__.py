@@ -79,7 +79,7 @@ def fully_shard(module: Any, *, mesh: DeviceMesh | _TorchMesh | None = None,
 def _check_module(module: object) -> None:
     if isinstance(module, torch.nn.Module):
         return
-    if isinstance(module, list | tuple) and module and all(
+    if isinstance(module, list) and module and all(
             isinstance(m, torch.nn.Module) for m in module):
         return
     raise bad_type("module", module, "torch.nn.Module or a non-empty list of them",
