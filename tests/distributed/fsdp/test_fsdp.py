@@ -159,6 +159,13 @@ def test_fully_shard_checks_everything_before_it_makes_anything(fake_world, call
     assert (world.created, world.group_count(), world.spmd.counts()) == before
 
 
+def test_a_mesh_of_a_destroyed_world_is_refused(fake_world):
+    mesh = _fake_meshes(fake_world)["mesh"]["dp_shard"]
+    dist.destroy_process_group()
+    with pytest.raises(dist.NotInitializedError, match="destroyed world. Fix: "):
+        fully_shard(_model(), mesh=mesh)
+
+
 def test_a_good_mesh_reaches_the_engine_only_after_the_checks(fake_world):
     meshes = _fake_meshes(fake_world)
     with pytest.raises(dist.BackendError, match="to_torch"):  # a simulated world has no torch

@@ -40,7 +40,7 @@ from ..device_mesh import DeviceMesh
 from ..errors import NotAMemberError, bad_argument, bad_type
 
 __all__ = ["CPUOffloadPolicy", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy",
-           "fully_shard"]
+           "data_parallel_dims", "fully_shard"]
 
 _DATA_PARALLEL = ("replicate", "shard")
 
