@@ -1,6 +1,7 @@
-"""The examples, run by the launcher on 8 real gloo ranks: the main job, examples/train_dp_tp.py,
-examples/train_fsdp_tp.py (FSDP2 + tensor parallelism on our mesh) and examples/train_moe.py (a
-mixture of experts on a dense view and its expert reshape)."""
+"""The examples, run by the launcher on real gloo ranks: the main job, examples/train_dp_tp.py,
+examples/train_fsdp_tp.py (FSDP2 + tensor parallelism on our mesh), examples/train_moe.py (a
+mixture of experts on a dense view and its expert reshape; 8 ranks each) and
+examples/fsdp_roles.py (FSDP or HSDP from the mesh's roles; 4 ranks)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,17 @@ def test_fsdp_tp_example_matches_single_process_training():
     assert len(steps) == 5 and steps[-1] < 0.8 * steps[0], steps  # it learns
     assert 0 <= max_diff(out) < TOLERANCE
     assert "OK: matches single-process training" in out
+
+
+def test_fsdp_roles_example_matches_single_process_training():
+    job = [*JOB[:3], "--nproc-per-node", "4", "examples/fsdp_roles.py"]
+    code, out, err = run_job(job=job)
+    assert code == 0, f"exit {code}\n{out}\n{err[-3000:]}"
+    diffs = [float(v) for v in re.findall(r": max diff (\S+)$", out, re.MULTILINE)]
+    assert len(diffs) == 2 and max(diffs) < 1e-12, out
+    assert "the whole mesh: mesh=AbstractMesh(names=('dp_shard', 'tp')" in out
+    assert "Fix: slice its data-parallel dims first: mesh['dp_shard'] (FSDP)." in out
+    assert out.splitlines()[-1] == "OK: both match one process", out
 
 
 # -- examples/train_moe.py: a mixture of experts on a dense view and its expert reshape ----------

@@ -43,7 +43,9 @@ TORCH_ENGINE = {"backends/torch_c10d.py", "backends/torch_collectives.py",
                 # torch's DTensor and tensor parallelism on our mesh: adapters of torch's own
                 # functions by nature (they take and return torch tensors and modules); the
                 # package never imports them, so `import tensorplay.distributed` loads no torch
-                "tensor/__init__.py", "tensor/parallel.py"}
+                "tensor/__init__.py", "tensor/parallel.py",
+                # torch's FSDP2 on our mesh: the same kind of adapter
+                "fsdp/__init__.py"}
 # torch tensors are first-class buffers on every engine: _arrays recognises one (through
 # sys.modules, never importing torch), so it may say "torch"
 NAMES_ALLOWED = {"_arrays.py"}

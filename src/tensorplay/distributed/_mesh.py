@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _mesh_args as args
 from . import backends as _registry
@@ -27,6 +27,7 @@ from .errors import (
     ArgumentError,
     BackendError,
     NotAMemberError,
+    NotATorchMeshError,
     NotInitializedError,
     UnknownDimError,
     bad_argument,
@@ -107,6 +108,25 @@ class DeviceMesh:
 
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"DeviceMesh is immutable: cannot delete {name!r}")
+
+    if not TYPE_CHECKING:  # hidden from type checkers: a misspelt attribute stays an error
+        def __getattr__(self, name: str) -> Any:
+            """Only for attributes the mesh lacks. A private name (``_layout``,
+            ``_get_root_mesh``, ``_flatten_rank_map``) is torch's DeviceMesh internals read by
+            a torch function that was handed our mesh: say so, as an AttributeError, so that
+            ``hasattr`` and ``getattr(mesh, name, default)`` answer as usual."""
+            cls = type(self)
+            if (not name.startswith("_") or name.startswith("__")
+                    or any(name in vars(c).get("__slots__", ()) for c in cls.__mro__)):
+                raise AttributeError(f"{cls.__name__!r} object has no attribute {name!r}",
+                                     name=name, obj=self)
+            raise NotATorchMeshError(
+                f"mesh.{name}: this is tensorplay's DeviceMesh, not torch's; a torch function "
+                f"read torch's internal {name!r} from it. Fix: pass mesh.to_torch() to torch "
+                "functions (torch's DeviceMesh on the same groups), or call the versions that "
+                "take our mesh: tensorplay.distributed.fsdp.fully_shard, "
+                "tensorplay.distributed.tensor (distribute_tensor, DTensor.from_local) and "
+                "tensorplay.distributed.tensor.parallel (parallelize_module).", name=name)
 
     # -- what the mesh is -------------------------------------------------------------------
     @property
@@ -695,17 +715,20 @@ def _make_groups(world: World, spec: MeshSpec, backends: Sequence[str]
                  ) -> tuple[ProcessGroup, ...]:
     """This rank's group along each dim, in dim order; () when the mesh does not hold it.
 
-    A group's errors name it by its dim: "the 'dp' group [1, 5]".
+    A group's errors name it by its dim: "the 'dp' group [1, 5]"; a group this call creates
+    is described to the engine as torch describes its own meshes' groups: "mesh_dp" ("mesh_dp_cp"
+    for a flatten, "mesh_dim_1" for an unnamed dim).
     """
     if spec.coordinate_of(world.rank) is None:
         return ()
     groups = []
     for d in range(spec.ndim):
         name = spec.names[d] if spec.names else str(d)
+        desc = f"mesh_{spec.names[d]}" if spec.names else f"mesh_dim_{d}"
         line = spec.line(world.rank, d)
         # repr(line) costs O(1) (a long group shows as its ends and size): this runs per dim
         with named_failures(world, f"creating the group of mesh dim {name!r} ({line!r})"):
-            groups.append(world.group(line, backends[d], repr(name)))
+            groups.append(world.group(line, backends[d], repr(name), desc))
     return tuple(groups)
 
 

@@ -19,6 +19,8 @@ ranks made different collective calls on a group (a stray      CallMismatchError
   call, or a call another rank skipped)
 a bounded wait expired (names who never arrived)               DistributedTimeoutError
 a peer died or its connection broke (names it when known)      RankFailedError
+a torch function read a torch-only attribute of our mesh       NotATorchMeshError
+  (``mesh._layout``, ``mesh._get_root_mesh``, ...)               (AttributeError)
 a mesh cannot shrink past its lost ranks (below its minimum)   ShrinkError
 a group or mesh of an epoch the job has left (elastic)         StaleEpochError
 the engine is missing a backend, or failed in another way      BackendError
@@ -60,6 +62,12 @@ class UnknownDimError(ArgumentError, KeyError):
 
 class NotAMemberError(ArgumentError):
     """This rank was asked to act in a group or mesh that does not contain it."""
+
+
+class NotATorchMeshError(DistributedError, AttributeError):
+    """Our DeviceMesh was asked for a torch-only attribute (``mesh._layout``): it was handed
+    to a torch function, which takes ``mesh.to_torch()``. An AttributeError, so ``hasattr``
+    and ``getattr(mesh, name, default)`` still answer as for any missing attribute."""
 
 
 class BackendError(DistributedError, RuntimeError):

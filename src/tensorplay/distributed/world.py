@@ -99,11 +99,15 @@ class World:
         """The registered group of ``ranks`` on ``backend``, or None."""
         return self._registry.find((ranks.key(), backend or self.backend))
 
-    def group(self, ranks: Ranks, backend: str | None = None, kind: str = "") -> ProcessGroup:
+    def group(self, ranks: Ranks, backend: str | None = None, kind: str = "",
+              desc: str = "") -> ProcessGroup:
         """The group of ``ranks`` on ``backend``: reused when registered, else created.
 
         Only members create the engine group; a non-member gets a ProcessGroup with rank -1.
-        ``kind`` names it in errors ("'dp'" gives "the 'dp' group [1, 5]").
+        ``kind`` names it in errors ("'dp'" gives "the 'dp' group [1, 5]"); ``desc`` is the
+        engine group's description when this call creates it (torch's ``group_desc``:
+        "mesh_dp" for a mesh dim, as torch's own meshes name theirs), else the words of
+        ``kind``.
         """
         backend = backend or self.backend
         found = self._registry.find((ranks.key(), backend))
@@ -112,10 +116,11 @@ class World:
         name = group_name(ranks, backend, self.spmd.epoch)
         engine_group = None
         if ranks.index(self.rank) is not None:
-            desc = f"mesh dim {kind}" if kind.startswith("'") else (kind or "new_group")
+            what = f"mesh dim {kind}" if kind.startswith("'") else (kind or "new_group")
             engine_group = unless_told(
-                lambda: f"creating the group [{format_ranks(ranks.tolist())}] ({desc})", self,
-                backend, lambda: self.engine.new_group(name, ranks, backend, self.timeout, desc))
+                lambda: f"creating the group [{format_ranks(ranks.tolist())}] ({what})", self,
+                backend, lambda: self.engine.new_group(name, ranks, backend, self.timeout,
+                                                       desc or what))
             self._registry.created += 1
         return self._register(ranks, backend, name, engine_group, kind)
 

@@ -19,6 +19,10 @@ from tensorplay.distributed.tensor import (
     Shard,
     distribute_module,
     distribute_tensor,
+    empty,
+    full,
+    ones,
+    zeros,
 )
 
 X = torch.arange(64, dtype=torch.float64).reshape(8, 8)
@@ -146,6 +150,25 @@ def module_job(rank: int):
 def test_distribute_module_hands_torch_mesh_to_callbacks_that_take_either(world8):
     for out in world8.run(module_job):
         assert out["handed"] and out["params"] and out["diff"] < 1e-12
+
+
+def factories_job(rank: int):
+    mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    made = {f.__name__: f(8, 16, device_mesh=mesh["tp"], placements=[Shard(0)],
+                          dtype=torch.float64) for f in (zeros, ones, empty)}
+    filled = full((8, 8), 2.5, device_mesh=mesh, placements=[Shard(0), Shard(1)])
+    return {"shapes": {n: tuple(d.to_local().shape) for n, d in made.items()},
+            "meshes": all(d.device_mesh is mesh["tp"].to_torch() for d in made.values()),
+            "ones": made["ones"].full_tensor().sum().item(),
+            "full": (tuple(filled.to_local().shape), filled.full_tensor().sum().item())}
+
+
+@pytest.mark.slow
+def test_the_dtensor_factories_take_our_mesh(world8):
+    for out in world8.run(factories_job):
+        assert set(out["shapes"].values()) == {(2, 16)} and out["meshes"]  # 8 rows over 4
+        assert out["ones"] == 128 and out["full"] == ((4, 2), 160.0)
+    # rand and randn pass our mesh on alike; torch 2.13's DTensor random ops need a CUDA mesh
 
 
 # -- in this process -----------------------------------------------------------------------------

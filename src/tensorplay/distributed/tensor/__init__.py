@@ -27,7 +27,8 @@ from ..device_mesh import DeviceMesh
 from ..errors import bad_type
 
 __all__ = ["DTensor", "Partial", "Placement", "Replicate", "Shard", "as_torch_mesh",
-           "distribute_module", "distribute_tensor"]
+           "distribute_module", "distribute_tensor", "empty", "full", "ones", "rand", "randn",
+           "zeros"]
 
 
 def as_torch_mesh(device_mesh: DeviceMesh | _TorchMesh | None, name: str = "device_mesh"
@@ -69,6 +70,54 @@ def distribute_module(
     replicated."""
     return _torch_tensor.distribute_module(module, as_torch_mesh(device_mesh), partition_fn,
                                            input_fn, output_fn)
+
+
+def zeros(*size: Any, device_mesh: DeviceMesh | _TorchMesh | None = None,
+          placements: Sequence[Placement] | None = None, **kwargs: Any) -> _TorchDTensor:
+    """torch's DTensor factory ``zeros`` on ``device_mesh.to_torch()``: ``zeros(8, 16,
+    device_mesh=mesh["tp"], placements=[Shard(0)])`` holds a (2, 16) block of zeros on each
+    of 4 "tp" ranks, made in place (nothing moves). Keywords (``dtype``, ``requires_grad``,
+    ``layout``) are torch's; ``ones``, ``empty``, ``rand``, ``randn`` and ``full`` alike."""
+    return _torch_tensor.zeros(*size, device_mesh=as_torch_mesh(device_mesh),
+                               placements=placements, **kwargs)
+
+
+def ones(*size: Any, device_mesh: DeviceMesh | _TorchMesh | None = None,
+         placements: Sequence[Placement] | None = None, **kwargs: Any) -> _TorchDTensor:
+    """torch's ``ones`` on ``device_mesh.to_torch()`` (see ``zeros``)."""
+    return _torch_tensor.ones(*size, device_mesh=as_torch_mesh(device_mesh),
+                              placements=placements, **kwargs)
+
+
+def empty(*size: Any, device_mesh: DeviceMesh | _TorchMesh | None = None,
+          placements: Sequence[Placement] | None = None, **kwargs: Any) -> _TorchDTensor:
+    """torch's ``empty`` on ``device_mesh.to_torch()`` (see ``zeros``)."""
+    return _torch_tensor.empty(*size, device_mesh=as_torch_mesh(device_mesh),
+                               placements=placements, **kwargs)
+
+
+def rand(*size: Any, device_mesh: DeviceMesh | _TorchMesh | None = None,
+         placements: Sequence[Placement] | None = None, **kwargs: Any) -> _TorchDTensor:
+    """torch's ``rand`` on ``device_mesh.to_torch()`` (see ``zeros``; torch's DTensor random
+    state decides the values of each shard)."""
+    return _torch_tensor.rand(*size, device_mesh=as_torch_mesh(device_mesh),
+                              placements=placements, **kwargs)
+
+
+def randn(*size: Any, device_mesh: DeviceMesh | _TorchMesh | None = None,
+          placements: Sequence[Placement] | None = None, **kwargs: Any) -> _TorchDTensor:
+    """torch's ``randn`` on ``device_mesh.to_torch()`` (see ``rand``)."""
+    return _torch_tensor.randn(*size, device_mesh=as_torch_mesh(device_mesh),
+                               placements=placements, **kwargs)
+
+
+def full(size: Sequence[int], fill_value: Any, *,
+         device_mesh: DeviceMesh | _TorchMesh | None = None,
+         placements: Sequence[Placement] | None = None, **kwargs: Any) -> _TorchDTensor:
+    """torch's ``full`` on ``device_mesh.to_torch()``: every element ``fill_value`` (see
+    ``zeros``)."""
+    return _torch_tensor.full(size, fill_value, device_mesh=as_torch_mesh(device_mesh),
+                              placements=placements, **kwargs)
 
 
 class _DTensorClass(type):
