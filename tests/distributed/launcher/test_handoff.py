@@ -17,6 +17,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -57,11 +58,24 @@ def fake_mpiexec(tmp_path: Path) -> Path:
     return bin_dir
 
 
-def launch(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+def lone_python(tmp_path: Path, env: dict[str, str]) -> str:
+    """This interpreter seen from a directory of its own (a symlink to the real binary: no
+    venv there, so no mpiexec beside it); ``env`` gets this environment's packages on
+    PYTHONPATH. What a launcher run by it finds beside itself is what the test puts there."""
+    bin_dir = tmp_path / "lonebin"
+    bin_dir.mkdir()
+    python = bin_dir / "python3"
+    python.symlink_to(os.path.realpath(sys.executable))
+    env["PYTHONPATH"] += os.pathsep + sysconfig.get_paths()["purelib"]
+    return str(python)
+
+
+def launch(tmp_path: Path, *args: str, env: dict[str, str],
+           python: str = sys.executable) -> subprocess.CompletedProcess:
     job = tmp_path / "job.py"
     job.write_text(JOB)
-    return subprocess.run([*LAUNCHER, *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([python, *LAUNCHER[1:], *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
 def nothing_ran(tmp_path: Path) -> bool:
@@ -92,16 +106,34 @@ def test_a_module_is_handed_over_as_python_m(tmp_path):
         "-n", "2", sys.executable, "-m", "job", "x y"]
 
 
+def test_an_mpiexec_beside_the_python_serves_when_none_is_on_path(tmp_path):
+    """A venv that is not activated: its mpiexec (the [mpi] extra's) is beside its python."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = env_without(tmp_path, "torch", path=str(empty))
+    python = lone_python(tmp_path, env)
+    fake = fake_mpiexec(tmp_path) / "mpiexec"
+    fake.rename(Path(python).with_name("mpiexec"))
+    done = launch(tmp_path, "--nproc-per-node", "2", "job.py", env=env, python=python)
+    mpiexec = str(Path(python).with_name("mpiexec"))
+    assert done.stderr == ("tensorplay-run: torch is not installed; running under mpiexec with "
+                           f"the MPI engine: {mpiexec} -n 2 {python} job.py\n")
+    assert done.returncode == FAKE_STATUS
+    assert (tmp_path / "mpiexec_args").read_text().splitlines() == ["-n", "2", python, "job.py"]
+
+
 def test_without_torch_or_mpiexec_it_exits_at_once_with_the_line_to_use(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     env = env_without(tmp_path, "torch", path=str(empty))
-    done = launch(tmp_path, "--nproc-per-node", "4", "job.py", env=env)
+    python = lone_python(tmp_path, env)
+    done = launch(tmp_path, "--nproc-per-node", "4", "job.py", env=env, python=python)
     assert done.returncode == 2
-    line = shlex.join(["mpiexec", "-n", "4", sys.executable, "job.py"])  # no `python` on PATH
+    line = shlex.join(["mpiexec", "-n", "4", python, "job.py"])  # no `python` on PATH
     assert done.stderr == (
         "tensorplay-run: error: torch is not installed, so this job can run only on the MPI "
-        f"engine, under an MPI launcher; no mpiexec on PATH. Run: {line} (after pip install "
+        f"engine, under an MPI launcher; no mpiexec on PATH or beside this Python. Run: {line} "
+        "(after pip install "
         '-e ".[mpi]" in a checkout, or pip install "tensorplay-distributed[mpi]", which '
         "brings mpi4py and MPICH's mpiexec).\n")
     assert nothing_ran(tmp_path)
@@ -112,7 +144,7 @@ def test_without_the_mpi_engine_mpiexec_alone_is_not_enough(tmp_path):
     env = env_without(tmp_path, "torch", "mpi4py", path=os.pathsep.join([str(fake), HERE_BIN]))
     done = launch(tmp_path, "--nproc-per-node", "2", "job.py", env=env)
     assert done.returncode == 2
-    assert ("mpiexec is on PATH but mpi4py, the MPI engine, is not installed. Run: mpiexec -n 2 "
+    assert ("mpiexec is there but mpi4py, the MPI engine, is not installed. Run: mpiexec -n 2 "
             "python job.py (after pip install") in done.stderr, done.stderr
     assert not (tmp_path / "mpiexec_args").exists() and nothing_ran(tmp_path)
 

@@ -3,7 +3,8 @@
 The ranks tensorplay-run starts itself can run only torch's engine (each would be a 1-process
 MPI world); where torch is not installed the one engine left is MPI's, and its ranks must be
 started by an MPI launcher. So, before anything starts, the launcher either runs the same job
-under ``mpiexec`` (found on PATH; the MPI engine installed), saying so in one line, or exits
+under ``mpiexec`` (on PATH, else beside the launcher's Python; the MPI engine installed),
+saying so in one line, or exits
 with the line to use. Worked example (a venv with ``pip install -e ".[mpi]"`` and no torch)::
 
     $ tensorplay-run --nproc-per-node 8 examples/heat2d.py --steps 50
@@ -52,6 +53,17 @@ def python_word() -> str:
     return sys.executable
 
 
+def find_mpiexec() -> tuple[str, str] | None:
+    """The environment's mpiexec: (its path, how the printed line names it). The one on PATH
+    (named ``mpiexec``), else the one beside the launcher's Python (the ``[mpi]`` extra puts
+    MPICH's there; named by its path, for a venv that is not activated); None when neither."""
+    found = shutil.which(MPIEXEC)
+    if found is not None:
+        return found, MPIEXEC
+    beside = shutil.which(MPIEXEC, path=os.path.dirname(os.path.abspath(sys.executable)))
+    return None if beside is None else (beside, beside)
+
+
 def command(a: argparse.Namespace, python: str, mpiexec: str = MPIEXEC) -> list[str]:
     """The mpiexec command line of the job that ``a`` (the checked flags) describes."""
     target = ["-m", a.script] if a.module else [a.script]
@@ -88,11 +100,12 @@ def hand_off(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     the usage-error status; flags mpiexec cannot honour raise ArgumentError first."""
     check(a, parser)
     python = python_word()
-    mpiexec = shutil.which(MPIEXEC)
-    line = shlex.join(command(a, python))
+    found = find_mpiexec()
+    mpiexec, word = found if found is not None else (None, MPIEXEC)
+    line = shlex.join(command(a, python, word))
     if mpiexec is None or not backends.mpiexec_engine_installed():
-        missing = ("no mpiexec on PATH" if mpiexec is None else
-                   "mpiexec is on PATH but mpi4py, the MPI engine, is not installed")
+        missing = ("no mpiexec on PATH or beside this Python" if mpiexec is None else
+                   "mpiexec is there but mpi4py, the MPI engine, is not installed")
         print(f"{PROG}: error: torch is not installed, so this job can run only on the MPI "
               f"engine, under an MPI launcher; {missing}. Run: {line} (after "
               f"{INSTALL}, which brings mpi4py and MPICH's mpiexec).", file=sys.stderr)
