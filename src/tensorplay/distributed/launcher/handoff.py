@@ -64,10 +64,15 @@ def find_mpiexec() -> tuple[str, str] | None:
     return None if beside is None else (beside, beside)
 
 
+def target(a: argparse.Namespace) -> list[str]:
+    """What follows ``python`` on each rank's command line: the script (or ``-m module``) and
+    its arguments."""
+    return [*(["-m", a.script] if a.module else [a.script]), *a.script_args]
+
+
 def command(a: argparse.Namespace, python: str, mpiexec: str = MPIEXEC) -> list[str]:
     """The mpiexec command line of the job that ``a`` (the checked flags) describes."""
-    target = ["-m", a.script] if a.module else [a.script]
-    return [mpiexec, "-n", str(a.nproc_per_node), python, *target, *a.script_args]
+    return [mpiexec, "-n", str(a.nproc_per_node), python, *target(a)]
 
 
 def check(a: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -75,14 +80,15 @@ def check(a: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     line = shlex.join(command(a, python_word()))
     if a.nnodes > 1:
         n = a.nnodes * a.nproc_per_node
+        hosts = [f"node{i + 1:02d}:{a.nproc_per_node}" for i in range(min(a.nnodes, 3))]
+        hosts += ["..."] if a.nnodes > 3 else []
         raise bad_argument(
             "--nnodes", a.nnodes,
             "tensorplay-run needs torch in its Python to join several nodes (their "
             "launchers meet through a store that torch serves), and torch is not installed "
             f"({sys.executable})",
             f"start the whole job once, from one machine, with MPI's launcher: mpiexec -n {n} "
-            f"-hosts node01:{a.nproc_per_node},node02:{a.nproc_per_node},... python "
-            f"{shlex.join([a.script, *a.script_args])} (docs/engines.md)")
+            f"-hosts {','.join(hosts)} python {shlex.join(target(a))} (docs/engines.md)")
     for dest in sorted(vars(a)):
         if dest in HARMLESS or getattr(a, dest) == parser.get_default(dest):
             continue
@@ -113,6 +119,10 @@ def hand_off(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"{PROG}: torch is not installed; running under mpiexec with the MPI engine: {line}",
           file=sys.stderr, flush=True)
     sys.stdout.flush()
-    os.execv(mpiexec, command(a, sys.executable, mpiexec))  # `python` above names this one
-    raise AssertionError("unreachable: os.execv returns only by raising")
+    try:
+        os.execv(mpiexec, command(a, sys.executable, mpiexec))  # `python` above names this one
+    except OSError as err:  # returns only on failure
+        print(f"{PROG}: error: could not run {mpiexec}: {err}. Run the line above yourself.",
+              file=sys.stderr)
+    return 2
 
