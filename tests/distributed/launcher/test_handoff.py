@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from tensorplay.distributed.errors import ArgumentError
 from tensorplay.distributed.launcher import handoff
+from tensorplay.distributed.launcher.options import build_parser, check_args
 from tests import spawn
 
 LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
@@ -149,17 +151,28 @@ def test_without_the_mpi_engine_mpiexec_alone_is_not_enough(tmp_path):
     assert not (tmp_path / "mpiexec_args").exists() and nothing_ran(tmp_path)
 
 
+def checked(*argv: str, tmp_path: Path):
+    """The checked flags of a command line, and its parser (as main builds them)."""
+    (tmp_path / "job.py").write_text(JOB)
+    parser = build_parser()
+    args = parser.parse_args([*argv[:-1], str(tmp_path / argv[-1])])
+    check_args(args)
+    args.script = argv[-1]  # as typed, for the words of the line
+    return args, parser
+
+
 def test_several_nodes_without_torch_are_refused_naming_mpiexec_across_hosts(tmp_path):
-    fake = fake_mpiexec(tmp_path)
-    env = env_without(tmp_path, "torch", path=os.pathsep.join([str(fake), HERE_BIN]))
-    done = launch(tmp_path, "--nproc-per-node", "8", "--nnodes", "2", "--node-rank", "1",
-                  "--master-addr", "10.0.0.1", "--master-port", "29500", "job.py", env=env)
-    assert done.returncode == 2
-    assert done.stderr.startswith("tensorplay-run: error: --nnodes=2: tensorplay-run needs torch "
-                                  "in its Python to join several nodes"), done.stderr
-    assert ("Fix: start the whole job once, from one machine, with MPI's launcher: mpiexec -n 16 "
-            "-hosts node01:8,node02:8 python job.py (docs/engines.md).") in done.stderr
-    assert not (tmp_path / "mpiexec_args").exists() and nothing_ran(tmp_path)
+    args, parser = checked("--nproc-per-node", "8", "--nnodes", "2", "--node-rank", "1",
+                           "--master-addr", "10.0.0.1", "--master-port", "29500", "job.py",
+                           tmp_path=tmp_path)
+    with pytest.raises(ArgumentError) as caught:
+        handoff.check(args, parser)
+    message = str(caught.value)
+    assert message.startswith("--nnodes=2: tensorplay-run needs torch in its Python to join "
+                              "several nodes"), message
+    assert message.endswith("Fix: start the whole job once, from one machine, with MPI's "
+                            "launcher: mpiexec -n 16 -hosts node01:8,node02:8 python job.py "
+                            "(docs/engines.md)."), message
 
 
 @pytest.mark.parametrize(("flags", "flag"), [
@@ -168,16 +181,24 @@ def test_several_nodes_without_torch_are_refused_naming_mpiexec_across_hosts(tmp
     (["--hang-timeout-s", "30"], "--hang-timeout-s"),
     (["--max-restarts", "1"], "--max-restarts"),
     (["--master-port", "29511"], "--master-port"),
+    (["--settle-s", "3"], "--settle-s"),
 ])
 def test_flags_mpiexec_cannot_honour_are_refused_naming_them(tmp_path, flags, flag):
-    fake = fake_mpiexec(tmp_path)
-    env = env_without(tmp_path, "torch", path=os.pathsep.join([str(fake), HERE_BIN]))
-    done = launch(tmp_path, "--nproc-per-node", "2", *flags, "job.py", env=env)
-    assert done.returncode == 2
-    assert done.stderr.startswith(f"tensorplay-run: error: {flag}="), done.stderr
-    assert (f"would run the job under mpiexec (mpiexec -n 2 python job.py), which has no "
-            f"{flag}. Fix: leave out {flag}") in done.stderr
-    assert not (tmp_path / "mpiexec_args").exists() and nothing_ran(tmp_path)
+    args, parser = checked("--nproc-per-node", "2", *flags, "job.py", tmp_path=tmp_path)
+    with pytest.raises(ArgumentError) as caught:
+        handoff.check(args, parser)
+    message = str(caught.value)
+    assert message.startswith(f"{flag}="), message
+    line = shlex.join(["mpiexec", "-n", "2", handoff.python_word(), "job.py"])
+    assert (f"would run the job under mpiexec ({line}), which has no {flag}. Fix: leave out "
+            f"{flag}") in message, message
+
+
+def test_flags_that_shape_only_the_warm_process_are_accepted(tmp_path):
+    args, parser = checked("--nproc-per-node", "2", "--no-warm", "--preload", "numpy",
+                           "job.py", tmp_path=tmp_path)
+    handoff.check(args, parser)  # nothing to refuse
+    assert handoff.command(args, "python") == ["mpiexec", "-n", "2", "python", "job.py"]
 
 
 def test_a_bad_flag_is_still_a_usage_error_before_the_hand_off(tmp_path):
