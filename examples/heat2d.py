@@ -5,6 +5,8 @@ Run it with 8 processes, on the MPI engine or on gloo; the script is the same:
     mpiexec -n 8 python examples/heat2d.py                 # MPI engine (mpi4py, mpich)
     tensorplay-run --nproc-per-node 8 examples/heat2d.py   # gloo engine (torch)
 
+Where torch is not installed, tensorplay-run runs the mpiexec line above and says so.
+
 The grid of ROWS x COLS points holds the temperature u; its edges are fixed (the top edge at
 1, the others at 0) and each step replaces every inner point by the mean of its 4 neighbours.
 The inner points are split over the mesh: mesh dim "y" (2) splits the rows and "x" (4) the

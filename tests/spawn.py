@@ -32,6 +32,25 @@ def pythonpath() -> str:
     return os.pathsep.join([os.path.join(ROOT, "src"), ROOT])
 
 
+def without(directory: str | os.PathLike, *modules: str) -> str:
+    """A PYTHONPATH entry (written into ``directory``) whose ``sitecustomize`` makes
+    ``modules`` unimportable, as where they are not installed: ``find_spec`` and ``import``
+    raise ModuleNotFoundError. It holds in every process started with it on PYTHONPATH, their
+    children too (mpiexec's ranks). ``without(tmp_path, "torch")``: an environment without
+    torch."""
+    path = os.path.join(directory, "sitecustomize.py")
+    with open(path, "w") as f:
+        f.write(f"""import sys
+class _Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {sorted(modules)!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+sys.meta_path.insert(0, _Absent())
+""")
+    return os.fspath(directory)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:

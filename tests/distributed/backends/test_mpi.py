@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import timing
+from tests import spawn, timing
 
 ROOT = Path(__file__).resolve().parents[3]
 JOBS = Path(__file__).resolve().parent / "mpi_jobs.py"
@@ -209,6 +209,25 @@ def test_the_mpi_engine_refuses_a_world_of_one_under_tensorplay_run():
     assert done.stdout.count("REFUSED init_process_group('mpi'): the launcher "
                              "(tensorplay-run) says rank") == 2, done.stdout
     assert "but MPI sees a world of 1" in done.stdout and "mpiexec -n 2" in done.stdout
+
+
+def test_without_torch_a_world_of_one_is_told_the_mpiexec_line_only(tmp_path):
+    """Where torch is not installed the fix names mpiexec with this script, never torchrun or
+    gloo (neither can run here)."""
+    script = tmp_path / "job.py"
+    script.write_text("import tensorplay.distributed as dist\n"
+                      "try:\n    dist.init_process_group('mpi')\n"
+                      "except dist.LaunchEnvError as err:\n    print(err)\n")
+    env = job_env(RANK="0", WORLD_SIZE="8", TENSORPLAY_LAUNCHER="tensorplay-run")
+    env["PYTHONPATH"] = os.pathsep.join([spawn.without(tmp_path, "torch"), env["PYTHONPATH"]])
+    done = subprocess.run([sys.executable, str(script), "--steps", "5"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == (
+        "init_process_group('mpi'): the launcher (tensorplay-run) says rank 0 of 8, but MPI "
+        "sees a world of 1: this process was not started by an MPI launcher, which the MPI "
+        "engine (the one engine here: torch is not installed) needs. Fix: start the job with "
+        f"mpiexec -n 8 python {script} --steps 5 (or srun, or mpirun).")
 
 
 @pytest.mark.parametrize(("extra", "chosen"), [

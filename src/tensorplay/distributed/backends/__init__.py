@@ -93,6 +93,18 @@ def launcher_can_serve_store() -> bool:
     return _installed("torch_c10d")
 
 
+def mpiexec_engine_installed() -> bool:
+    """Whether the engine that an MPI launcher's ranks run on (mpi4py) is installed: without
+    torch the one engine of a real job, started by ``mpiexec`` (imports nothing)."""
+    return _installed("mpi")
+
+
+def torch_engine_installed() -> bool:
+    """Whether torch's engine is installed (imports nothing): what error messages may point
+    at (gloo, torchrun) only where it is."""
+    return _installed("torch_c10d")
+
+
 # what a warm launcher process imports once for every rank it forks: the engines' libraries
 WARM_MODULES = ("numpy", "torch")
 

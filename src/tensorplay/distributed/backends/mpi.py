@@ -49,6 +49,7 @@ import atexit
 import hashlib
 import os
 import select
+import shlex
 import sys
 import threading
 import time
@@ -73,6 +74,7 @@ from ..errors import (
     format_ranks,
     rank_words,
 )
+from . import torch_engine_installed
 
 LOOK_S = 0.05  # how often the watchdog reads control messages and looks at the call in progress
 EXIT_GRACE_S = 1.0  # at exit, how long a rank waits for the others before saying it left
@@ -611,18 +613,33 @@ def _size_error(me: int, size: int, rank: int, world_size: int) -> DistributedEr
     launch = _env.detect()
     said = f"the launcher ({launch.source})" if launch is not None else "the arguments"
     if size == 1 and world_size > 1:
+        line = f"mpiexec -n {world_size} python {_script_words()}"
+        if torch_engine_installed():
+            return LaunchEnvError(
+                f"init_process_group('mpi'): {said} says rank {rank} of {world_size}, but MPI "
+                f"sees a world of 1: this process was not started by an MPI launcher (torchrun "
+                f"and tensorplay-run start each process as its own 1-process MPI world). Fix: "
+                f"start the job with {line} (or srun, or mpirun), or use backend='gloo' under "
+                f"torchrun."
+            )
         return LaunchEnvError(
             f"init_process_group('mpi'): {said} says rank {rank} of {world_size}, but MPI "
-            f"sees a world of 1: this process was not started by an MPI launcher (torchrun "
-            f"and tensorplay-run start each process as its own 1-process MPI world). Fix: "
-            f"start the job with mpiexec -n {world_size} (or srun, or mpirun), or use "
-            f"backend='gloo' under torchrun."
+            f"sees a world of 1: this process was not started by an MPI launcher, which the "
+            f"MPI engine (the one engine here: torch is not installed) needs. Fix: start the "
+            f"job with {line} (or srun, or mpirun)."
         )
     return BackendError(
         f"init_process_group('mpi'): MPI says this is rank {me} of {size}, but {said} says "
         f"rank {rank} of {world_size}. Fix: leave rank and world_size out under mpiexec, or "
         f"pass MPI's own."
     )
+
+
+def _script_words() -> str:
+    """This process's script and arguments as a command line shows them (``python -m`` runs
+    show the module's file), or ``script.py`` when there is none (an interactive session)."""
+    argv = sys.argv if sys.argv and sys.argv[0] not in ("", "-c") else ["script.py"]
+    return shlex.join(argv)
 
 
 ENGINE = MpiEngine()

@@ -13,6 +13,7 @@ One module, one job (docs/architecture.md has the table):
 - ``rank_main``: what runs in each rank (loaded by path: it imports nothing of the package);
 - ``warm``: warm start: one process imports torch once and forks each rank (``--no-warm``);
 - ``rank_ends``: how each rank ended (``RankReport``, ``RankEnd``) -> the one summary line;
+- ``handoff``: without torch, the job run under ``mpiexec`` (the MPI engine), or the line to use;
 - ``main``: the entry point (``tensorplay-run``, ``python -m tensorplay.distributed.run``).
 
 Importing the package loads none of them: ``from tensorplay.distributed.launcher.main import

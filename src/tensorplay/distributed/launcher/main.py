@@ -25,13 +25,14 @@ from contextlib import contextmanager, suppress
 
 from .. import _env
 from ..errors import ArgumentError, rank_words
+from . import handoff
 from .events import Events, Signal, Verdict
 from .job import Job, policy_for
 from .nodes import Board, JoinError
-from .options import PROG
+from .options import PROG, build_parser, check_args
 from .output import Output
 from .procs import stop_ranks
-from .spec import LaunchSpec, parse_args
+from .spec import LaunchSpec, from_args
 from .warm import Warm
 
 USAGE_ERROR = 2
@@ -169,7 +170,12 @@ def _leave(job: Job, code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of tensorplay-run; returns the exit code (2 for usage errors)."""
     try:
-        return launch(parse_args(argv))
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        check_args(args)
+        if handoff.needed():  # no torch: the job runs under mpiexec, or we say how
+            return handoff.hand_off(args, parser)
+        return launch(from_args(args))
     except SystemExit as exc:  # argparse: --help (0) or a malformed command line (2)
         return exc.code if isinstance(exc.code, int) else USAGE_ERROR
     except ArgumentError as exc:

@@ -18,6 +18,7 @@ changes it. Worked example::
 
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 import sys
@@ -123,6 +124,12 @@ def parse_args(argv: list[str] | None) -> LaunchSpec:
     """Parse and check the command line (a usage error names the flag), and build the spec."""
     a = build_parser().parse_args(argv)
     check_args(a)
+    return from_args(a)
+
+
+def from_args(a: argparse.Namespace) -> LaunchSpec:
+    """The spec of checked flags: the master address and port filled in (a given port checked
+    free on node 0), whether this launcher serves the store, the ranks' environment."""
     world_size = a.nnodes * a.nproc_per_node
     shown = None if a.log_ranks is None else frozenset(parse_rank_list(a.log_ranks, world_size))
     master_addr = a.master_addr or "127.0.0.1"
