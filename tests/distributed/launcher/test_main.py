@@ -60,7 +60,7 @@ def assert_all_gone(pids: list[int], within_s: float = 3.0) -> None:
 
 def read_pids(tmp_path: Path, count: int, tag: str = "pid", within_s: float = 15.0) -> list[int]:
     """Wait until count pid files named tag_* exist, then return their pids."""
-    deadline = time.monotonic() + within_s
+    deadline = time.monotonic() + timing.guard(within_s)
     while len(files := sorted(tmp_path.glob(f"{tag}_?"))) < count:
         assert time.monotonic() < deadline, f"only {len(files)} of {count} {tag} files appeared"
         time.sleep(0.05)

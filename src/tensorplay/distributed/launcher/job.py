@@ -45,6 +45,9 @@ from .warm import Warm
 ELASTIC_TAIL_S = 10.0  # elastic: a restarted rank still waiting to join when all others ended
 STOP_FAST_S = 2.0  # a node lost or stopped elsewhere: SIGTERM, then SIGKILL after at most this
 LOST_SETTLE_S = 0.5  # a node lost: what is left of --settle-s for this node's ranks to end
+# after the ranks ended: how long their output readers may take to reach the end of the pipes
+# (a busy machine needs seconds; only a process left holding a pipe makes the launcher wait it)
+DRAIN_S = 5.0
 
 
 class FailFast:
@@ -294,7 +297,7 @@ class Job:
 
     def drain(self) -> None:
         """After the processes ended: let the readers drain, then note what they reported."""
-        join_threads([t for ts in self.threads.values() for t in ts], 2.0)
+        join_threads([t for ts in self.threads.values() for t in ts], DRAIN_S)
         while True:
             try:
                 event = self.events.get_nowait()
