@@ -46,8 +46,10 @@ class Nodes:
         return proc
 
     def wait(self, proc: subprocess.Popen, timeout: float) -> int | None:
+        """Its exit code, or None if it has not exited within ``timeout`` (a hang guard:
+        scaled on a busy machine)."""
         try:
-            return proc.wait(timeout=timeout)
+            return proc.wait(timeout=timing.guard(timeout))
         except subprocess.TimeoutExpired:
             return None
 
@@ -195,7 +197,9 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 store = dist.distributed_c10d._get_default_store()
 if dist.get_rank() == 0:
-    os._exit(0)  # rank 0 leaves at once; under tensorplay-run it does not serve the store
+    store.wait(["joined"])  # rank 1 is past init (gloo's connections made): then rank 0
+    os._exit(0)  # leaves at once; under tensorplay-run it does not serve the store
+store.set("joined", "1")
 time.sleep(1.0)
 store.set("after", "rank 0 left")
 print("store still served:", store.get("after").decode(), flush=True)
