@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tests import timing
+
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch"])  # imported once, in the server: each rank is a fork
 
@@ -144,7 +146,7 @@ def run(
         p.start()
     out: list[Any] = [NO_ANSWER] * world_size
     try:
-        _collect(results, procs, out, timeout)
+        _collect(results, procs, out, timing.guard(timeout))  # a hang guard: scaled
     finally:
         for p in procs:
             p.join(timeout=5)
@@ -224,7 +226,7 @@ class Pool:
         out: list[Any] = [NO_ANSWER] * self.world_size
         try:
             for _ in range(self.world_size):
-                rank, status, value = self._results.get(timeout=self.timeout)
+                rank, status, value = self._results.get(timeout=timing.guard(self.timeout))
                 out[rank] = value
         except queue.Empty:
             pass

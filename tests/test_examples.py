@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import timing
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +27,7 @@ RANK0 = "[rank 0] "
 def run_job(*flags: str, job: list[str] = JOB) -> tuple[int, str, str]:
     """Run a job with extra script flags; (exit code, rank 0's stdout lines, stderr)."""
     done = subprocess.run([*job, *flags], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, errors="replace")
+                          timeout=timing.guard(300), errors="replace")
     rank0 = "\n".join(line[len(RANK0):] for line in done.stdout.splitlines()
                       if line.startswith(RANK0))
     return done.returncode, rank0, done.stderr
@@ -144,7 +146,8 @@ def heat_diff(out: str) -> float:
 def test_heat2d_on_gloo_matches_one_process():
     done = subprocess.run([sys.executable, "-m", "tensorplay.distributed.run",
                            "--nproc-per-node", "8", HEAT, "--steps", "60"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, errors="replace")
+                          capture_output=True, text=True, timeout=timing.guard(300),
+                          errors="replace")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "on the gloo backend" in done.stdout
     assert heat_diff(done.stdout) <= 1e-12
@@ -157,7 +160,7 @@ def test_heat2d_on_the_mpi_engine_matches_one_process():
         pytest.skip("the MPI engine needs mpi4py and mpiexec: pip install -e '.[mpi]'")
     done = subprocess.run([test_mpi.MPIEXEC, "-n", "8", sys.executable, HEAT, "--steps", "60"],
                           cwd=ROOT, env=test_mpi.job_env(), capture_output=True, text=True,
-                          timeout=300, errors="replace", start_new_session=True)
+                          timeout=timing.guard(300), errors="replace", start_new_session=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "on the mpi backend" in done.stdout
     assert heat_diff(done.stdout) <= 1e-12
