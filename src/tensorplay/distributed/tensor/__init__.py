@@ -72,52 +72,35 @@ def distribute_module(
                                            input_fn, output_fn)
 
 
-def zeros(*size: Any, device_mesh: DeviceMesh | _TorchMesh | None = None,
-          placements: Sequence[Placement] | None = None, **kwargs: Any) -> _TorchDTensor:
-    """torch's DTensor factory ``zeros`` on ``device_mesh.to_torch()``: ``zeros(8, 16,
-    device_mesh=mesh["tp"], placements=[Shard(0)])`` holds a (2, 16) block of zeros on each
-    of 4 "tp" ranks, made in place (nothing moves). Keywords (``dtype``, ``requires_grad``,
-    ``layout``) are torch's; ``ones``, ``empty``, ``rand``, ``randn`` and ``full`` alike."""
-    return _torch_tensor.zeros(*size, device_mesh=as_torch_mesh(device_mesh),
-                               placements=placements, **kwargs)
+def _on_our_mesh(torch_factory: Callable[..., _TorchDTensor], doc: str
+                 ) -> Callable[..., _TorchDTensor]:
+    """torch's DTensor factory ``torch_factory`` taking our mesh too (``as_torch_mesh``)."""
+
+    def factory(*args: Any, device_mesh: DeviceMesh | _TorchMesh | None = None,
+                placements: Sequence[Placement] | None = None, **kwargs: Any) -> _TorchDTensor:
+        return torch_factory(*args, device_mesh=as_torch_mesh(device_mesh),
+                             placements=placements, **kwargs)
+
+    factory.__name__ = factory.__qualname__ = torch_factory.__name__
+    factory.__doc__ = doc
+    return factory
 
 
-def ones(*size: Any, device_mesh: DeviceMesh | _TorchMesh | None = None,
-         placements: Sequence[Placement] | None = None, **kwargs: Any) -> _TorchDTensor:
-    """torch's ``ones`` on ``device_mesh.to_torch()`` (see ``zeros``)."""
-    return _torch_tensor.ones(*size, device_mesh=as_torch_mesh(device_mesh),
-                              placements=placements, **kwargs)
-
-
-def empty(*size: Any, device_mesh: DeviceMesh | _TorchMesh | None = None,
-          placements: Sequence[Placement] | None = None, **kwargs: Any) -> _TorchDTensor:
-    """torch's ``empty`` on ``device_mesh.to_torch()`` (see ``zeros``)."""
-    return _torch_tensor.empty(*size, device_mesh=as_torch_mesh(device_mesh),
-                               placements=placements, **kwargs)
-
-
-def rand(*size: Any, device_mesh: DeviceMesh | _TorchMesh | None = None,
-         placements: Sequence[Placement] | None = None, **kwargs: Any) -> _TorchDTensor:
-    """torch's ``rand`` on ``device_mesh.to_torch()`` (see ``zeros``; torch's DTensor random
-    state decides the values of each shard)."""
-    return _torch_tensor.rand(*size, device_mesh=as_torch_mesh(device_mesh),
-                              placements=placements, **kwargs)
-
-
-def randn(*size: Any, device_mesh: DeviceMesh | _TorchMesh | None = None,
-          placements: Sequence[Placement] | None = None, **kwargs: Any) -> _TorchDTensor:
-    """torch's ``randn`` on ``device_mesh.to_torch()`` (see ``rand``)."""
-    return _torch_tensor.randn(*size, device_mesh=as_torch_mesh(device_mesh),
-                               placements=placements, **kwargs)
-
-
-def full(size: Sequence[int], fill_value: Any, *,
-         device_mesh: DeviceMesh | _TorchMesh | None = None,
-         placements: Sequence[Placement] | None = None, **kwargs: Any) -> _TorchDTensor:
-    """torch's ``full`` on ``device_mesh.to_torch()``: every element ``fill_value`` (see
-    ``zeros``)."""
-    return _torch_tensor.full(size, fill_value, device_mesh=as_torch_mesh(device_mesh),
-                              placements=placements, **kwargs)
+zeros = _on_our_mesh(_torch_tensor.zeros, """torch's DTensor factory ``zeros`` on
+``device_mesh.to_torch()``: ``zeros(8, 16, device_mesh=mesh["tp"], placements=[Shard(0)])``
+holds a (2, 16) block of zeros on each of 4 "tp" ranks, made in place (nothing moves).
+Keywords (``dtype``, ``requires_grad``, ``layout``) are torch's; ``ones``, ``empty``, ``rand``,
+``randn`` and ``full`` alike.""")
+ones = _on_our_mesh(_torch_tensor.ones, "torch's ``ones`` on ``device_mesh.to_torch()`` (see "
+                    "``zeros``).")
+empty = _on_our_mesh(_torch_tensor.empty, "torch's ``empty`` on ``device_mesh.to_torch()`` (see "
+                     "``zeros``).")
+rand = _on_our_mesh(_torch_tensor.rand, "torch's ``rand`` on ``device_mesh.to_torch()`` (see "
+                    "``zeros``; torch's DTensor random state decides the values of each shard).")
+randn = _on_our_mesh(_torch_tensor.randn, "torch's ``randn`` on ``device_mesh.to_torch()`` (see "
+                     "``rand``).")
+full = _on_our_mesh(_torch_tensor.full, "torch's ``full(size, fill_value, ...)`` on "
+                    "``device_mesh.to_torch()``: every element ``fill_value`` (see ``zeros``).")
 
 
 class _DTensorClass(type):
