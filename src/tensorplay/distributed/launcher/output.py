@@ -70,7 +70,11 @@ class Output:
     def __init__(self, shown: AbstractSet[int] | None, log_dir: str | None, ranks: Iterable[int]):
         self.shown = shown
         self.lock = threading.Lock()
-        self.tails: dict[int, deque[bytes]] = {r: deque(maxlen=TAIL_LINES) for r in ranks}
+        # rank -> (stdout tail, stderr tail): one per stream, as the two readers do not run in
+        # step (60 stdout lines then one stderr line may be read stderr first; a shared 50-line
+        # buffer would then drop the stderr line, the one that says what went wrong)
+        self.tails: dict[int, tuple[deque[bytes], deque[bytes]]] = {
+            r: (deque(maxlen=TAIL_LINES), deque(maxlen=TAIL_LINES)) for r in ranks}
         self.files: dict[int, IO[bytes]] = {}
         self.first: dict[int, bytes] = {}  # rank -> first line of the traceback it will print
         self.held: dict[int, list[bytes]] = {}  # rank -> that traceback's lines so far
@@ -107,7 +111,7 @@ class Output:
             if to_stderr and rank in self.first and text.rstrip(b"\r\n") == self.first[rank]:
                 self.held[rank] = [text]
                 return
-            self.tails[rank].append(text)
+            self.tails[rank][to_stderr].append(text)
             if self.shown is None or rank in self.shown:
                 _write(sys.stderr if to_stderr else sys.stdout, label([rank]) + text)
 
@@ -117,12 +121,15 @@ class Output:
             _write(sys.stderr, f"{PROG}: {text}\n".encode())
 
     def show_tail(self, rank: int) -> None:
-        """Show a failed rank's last lines if the filter hid them (its traceback comes apart)."""
-        if self.shown is None or rank in self.shown or not self.tails[rank]:
+        """Show a failed rank's last lines if the filter hid them (its traceback comes apart):
+        up to TAIL_LINES of its stdout, then up to TAIL_LINES of its stderr."""
+        out, err = self.tails[rank]
+        if self.shown is None or rank in self.shown or not (out or err):
             return
-        self.say(f"last {len(self.tails[rank])} lines of rank {rank} (hidden by --log-ranks):")
+        self.say(f"last lines of rank {rank} (hidden by --log-ranks): {len(out)} of its stdout, "
+                 f"then {len(err)} of its stderr:")
         with self.lock:
-            _write(sys.stderr, b"".join(label([rank]) + d for d in self.tails[rank]))
+            _write(sys.stderr, b"".join(label([rank]) + d for d in [*out, *err]))
 
     def show_held(self, order: list[int], also: Iterable[int] = ()) -> None:
         """Print the held tracebacks, each distinct one once (pids and addresses may differ),
