@@ -221,8 +221,11 @@ import tensorplay.distributed as dist
 dist.init_process_group()
 x = np.array([float(dist.get_rank() + 1)])
 dist.all_reduce(x)
-print(f"rank {dist.get_rank()} of {dist.get_world_size()} on {dist.get_backend()}: sum "
-      f"{x[0]:g}; torch loaded: {'torch' in sys.modules}", flush=True)
+# one write per line: mpiexec forwards each rank's chunks as they come, and print() under
+# PYTHONUNBUFFERED writes the text and its newline apart, so two ranks' lines could interleave
+sys.stdout.write(f"rank {dist.get_rank()} of {dist.get_world_size()} on {dist.get_backend()}: "
+                 f"sum {x[0]:g}; torch loaded: {'torch' in sys.modules}\\n")
+sys.stdout.flush()
 dist.destroy_process_group()
 """
 
