@@ -191,6 +191,13 @@ def test_a_killed_tp_member_shrinks_the_mesh_and_its_replacement_grows_it_back()
     assert re.search(r"max abs diff vs single process: \S+ \(tolerance 1e-06\)", out)
     assert "OK: matches single-process training" in out
     assert "elastic: 1 rank loss(es) survived (rank 5 restarted)" in out
+    # the launcher's summary: what each epoch change cost, as rank 0 measured it
+    assert re.search(r"^tensorplay-run: elastic recovery \(rank 0\): epoch 1, shrink to \(1, 4\): "
+                     r"lost rank 5 \(host [^)]+\); detect [\d.]+ s, agree [\d.]+ s, rebuild "
+                     r"[\d.]+ s\.$", out, re.MULTILINE), out[-4000:]
+    assert re.search(r"^tensorplay-run: elastic recovery \(rank 0\): epoch 2, grow to \(2, 4\): "
+                     r"joined ranks 4-7; agree [\d.]+ s, rebuild [\d.]+ s, sync [\d.]+ s\.$", out,
+                     re.MULTILINE), out[-4000:]
 
 
 def test_every_rank_of_replica_0_killed_rank_0_among_them_leaves_replica_1_training():
