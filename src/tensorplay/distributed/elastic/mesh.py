@@ -306,10 +306,27 @@ def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, An
     started = time.monotonic()
     entered = mesh._next(spec, plan.at(decision))
     lost = tuple(decision.get("lost", ()))
-    known = world.known_hosts()
     mesh._session.record(Recovery(
         epoch=decision["epoch"], kind=kind, shape=spec.shape, lost_ranks=lost,
-        lost_hosts=tuple(sorted({known(r) for r in lost})) if known is not None else (),
+        lost_hosts=_hosts_of(world, lost),
         joined_ranks=tuple(decision.get("fresh", ())), detect_s=detect_s, agree_s=agree_s,
-        rebuild_s=time.monotonic() - started), first=decision["ranks"][0] == world.rank)
+        rebuild_s=time.monotonic() - started), first=_teller(decision) == world.rank)
     return entered
+
+
+def _teller(decision: dict[str, Any]) -> int:
+    """The rank that sends an epoch change's cost to tensorplay-run: the new mesh's first rank
+    that trained before (it saw the whole change), else its first rank."""
+    fresh = set(decision.get("fresh", ()))
+    return next((r for r in decision["ranks"] if r not in fresh), decision["ranks"][0])
+
+
+def _hosts_of(world: World, ranks: tuple[int, ...]) -> tuple[str, ...]:
+    """The host names of ``ranks`` (one store read, the first time), () when unknown."""
+    if not ranks:
+        return ()
+    try:
+        hosts = world.hosts()
+    except Exception:  # noqa: BLE001 - a record without hosts rather than a failed recovery
+        return ()
+    return tuple(sorted({hosts(r) for r in ranks}))

@@ -18,7 +18,8 @@ Worked example, (2, 4) ("dp", "tp"), elastic "dp", rank 5 killed in a 0.2 s step
 lost_ranks=(5,), lost_hosts=('hostA',), joined_ranks=(), detect_s=0.04, agree_s=0.11,
 rebuild_s=0.09, sync_s=None)``, and ``line()`` is ``epoch 1, shrink to (1, 4): lost rank 5
 (host hostA); detect 0.04 s, agree 0.11 s, rebuild 0.09 s``. The first member of the new
-mesh sends it to tensorplay-run, whose closing summary prints one such line per epoch.
+mesh that trained before it sends it to tensorplay-run, whose closing summary prints one such
+line per epoch.
 """
 
 from __future__ import annotations
