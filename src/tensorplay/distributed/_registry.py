@@ -27,6 +27,7 @@ class GroupRegistry:
         self.epoch = epoch
         self.created = 0  # groups this rank helped create (not counting the world's)
         self._groups: dict[tuple, ProcessGroup] = {}
+        self._uses: dict[tuple, list[str]] = {}  # key -> the mesh dims that asked for it
         self._flattened: dict[tuple, dict[str, tuple]] = {}
         self._native: dict[Hashable, Any] = {}
 
@@ -38,6 +39,17 @@ class GroupRegistry:
         """Register ``group`` under ``key`` and return it."""
         self._groups[key] = group
         return group
+
+    def note_use(self, key: tuple, use: str) -> None:
+        """Remember that ``use`` (a mesh dim: "'ep' of (pp, dp_replicate, efsdp, ep)") asked
+        for the group under ``key``; each use once, in order."""
+        uses = self._uses.setdefault(key, [])
+        if use not in uses:
+            uses.append(use)
+
+    def uses(self, key: tuple) -> list[str]:
+        """The uses noted for the group under ``key``, oldest first."""
+        return list(self._uses.get(key, ()))
 
     def groups(self) -> list[ProcessGroup]:
         """Every group of this epoch, the world group included."""
@@ -87,4 +99,5 @@ class GroupRegistry:
         for group in self._groups.values():
             group.release()
         self._groups.clear()
+        self._uses.clear()
         self._native.clear()
