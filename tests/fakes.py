@@ -277,6 +277,12 @@ class ThreadEngine:
     def backend_for_device(self, device_type: str, world_backend: str) -> str:
         return world_backend
 
+    def prepare_elastic(self) -> None:
+        """Nothing to prepare (``Severable``: an elastic mesh may be made on threads)."""
+
+    def use_device(self, device_type: str) -> None:
+        """A thread has no device to pick."""
+
     def sever(self, engine_group: Any) -> None:
         """Nothing to break: the threads' groups hold no connections."""
 

@@ -504,3 +504,43 @@ def test_describe_lists_the_communicators_their_sharers_and_the_dims_without_one
     assert "'cp_tp' of (cp_tp); 'ep' of (pp, dp_replicate, efsdp, ep)" in section
     assert section.endswith("every dim of this mesh has its communicator")
     assert "communicators of" not in expert.describe(rank=6)  # another rank's: geometry only
+
+
+# -- the five torchtitan views, from outside: numpy's groups, one object per layout -------------
+
+
+SMALL = {"data": ((2, 4, 2, 2), ("pp", "batch", "cp", "tp")),
+         "fsdp": ((2, 2, 2, 2, 2), TITAN_NAMES),
+         "dense": ((2, 2, 4, 2), ("pp", "dp_replicate", "fsdp", "tp")),
+         "expert": ((2, 2, 2, 4), ("pp", "dp_replicate", "efsdp", "ep"))}
+
+
+@pytest.mark.parametrize("rank", range(0, 32, 3))
+def test_every_group_of_five_views_is_numpys_and_coinciding_layouts_are_one_object(
+        fake_world, rank):
+    """torchtitan's five views of a 32-rank world (pp=dp_replicate=dp_shard=cp=tp=2) through
+    the public API only: each group is the line of numpy's reshape of arange(32), the same
+    ordered ranks are the same object across every view (before and after the groups are
+    made), and the loss view (batch x cp flattened) is numpy's too."""
+    fake_world(rank, 32)
+    root = init_device_mesh("cpu", (32,), mesh_dim_names=("world",))
+    views = {name: root.reshape(shape, names) for name, (shape, names) in SMALL.items()}
+    loss = views["data"]["batch", "cp"].flatten("loss")
+    array = np.arange(32)
+    seen: dict[tuple, object] = {}
+    for name, (shape, _) in SMALL.items():
+        check_view(views[name], array, shape, rank)
+        for d in range(len(shape)):
+            group = views[name].get_group(d)
+            assert seen.setdefault(tuple(group.ranks), group) is group, (name, d)
+    pp, _, _, tp = (int(c) for c in np.argwhere(array.reshape(SMALL["data"][0]) == rank)[0])
+    assert loss.get_group().ranks == array.reshape(SMALL["data"][0])[pp, :, :, tp] \
+        .reshape(-1).tolist()
+    assert seen.setdefault(tuple(loss.get_group().ranks), loss.get_group()) is loss.get_group()
+    for group in list(seen.values()):  # made at first use: still the registry's object
+        dist.all_reduce(np.zeros(1), group=group)
+    again = {name: root.reshape(shape, names) for name, (shape, names) in SMALL.items()}
+    for name, (shape, _) in SMALL.items():
+        for d in range(len(shape)):
+            assert again[name].get_group(d) is seen[tuple(again[name].get_group(d).ranks)]
+    assert dist.world.current_world("test").created == len(seen)  # each layout made once
