@@ -1,11 +1,13 @@
-"""The groups of one epoch: made once, found by their ordered ranks and backend.
+"""The groups of one epoch: registered once, found by their ordered ranks and backend.
 
 A world holds one ``GroupRegistry`` per epoch and swaps it whole when the epoch changes
 (``World.open_epoch``): nothing of an old epoch is found again. On a (2, 4) mesh ("dp", "tp")
 of epoch 0, rank 5's registry holds the world group, the "dp" group [1, 5] and the "tp" group
 [4, 5, 6, 7], keyed by (ranks, backend); a second mesh over the same world finds them there
-instead of making new ones. Beside the groups it keeps what is derived from them in this
-epoch: the flattened dim names of each root mesh and the engine's own meshes (torch's
+instead of making new ones (a group of a view may wait for its first use to have its engine
+group made: ``World.group``). Beside the groups it keeps which mesh dims asked for each
+("'ep' of (pp, dp_replicate, efsdp, ep)", for ``describe()``) and what is derived from them in
+this epoch: the flattened dim names of each root mesh and the engine's own meshes (torch's
 DeviceMesh) made over them.
 """
 
