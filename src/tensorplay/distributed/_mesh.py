@@ -83,12 +83,12 @@ class DeviceMesh:
         default = _default(world, device)
         backends = args.backend_override(backend_override, names, len(shape), default)
         spec = MeshSpec.from_ranks(shape, ranks, names)
+        own, views = eagerness(None)
         agree(world, "DeviceMesh()", {
             "device_type": device, "mesh": ranks, "shape": shape, "mesh_dim_names": names,
-            "backend_override": backends,
+            "backend_override": backends, "eager_groups": [own, views],
         })
         world.engine.use_device(device)
-        own, views = eagerness(None)
         self._set(world, device, spec, spec, backends, _make_groups(world, spec, backends, own),
                   eager=views)
 
