@@ -516,14 +516,17 @@ class DeviceMesh:
     def to_torch(self) -> Any:
         """This mesh as torch's DeviceMesh, for DTensor, tensor parallelism and FSDP2.
 
-        It runs on this mesh's own groups and creates none; equal meshes give the same object
-        (made once per world). A slice or flatten gives the matching slice of its root's torch
-        mesh, so both come from one root, as FSDP2 with TP requires: on a (2, 4) ("dp", "tp")
-        mesh, ``mesh["tp"].to_torch() == mesh.to_torch()["tp"]``, and on rank 5 its group is
+        It runs on this mesh's own groups and creates no other; those still waiting for
+        their first use (a view's, a flatten's) are made now, with its root's and the root's
+        registered flattens, by every rank at this same call (torch's mesh holds engine
+        groups). Equal meshes give the same object (made once per world). A slice or flatten
+        gives the matching slice of its root's torch mesh, so both come from one root, as
+        FSDP2 with TP requires: on a (2, 4) ("dp", "tp") mesh, ``mesh["tp"].to_torch() ==
+        mesh.to_torch()["tp"]``, and on rank 5 its group is
         ``mesh.get_group("tp").engine_group`` ([4, 5, 6, 7]). Outside a subset mesh it is
-        torch's mesh without groups (get_coordinate() None), as torch's own is there. Flattened
-        names of the root ("dp_cp") are known to the torch root too. Raises BackendError in a
-        simulated world, or when the installed torch lacks what it needs.
+        torch's mesh without groups (get_coordinate() None), as torch's own is there.
+        Flattened names of the root ("dp_cp") are known to the torch root too. Raises
+        BackendError in a simulated world, or when the installed torch lacks what it needs.
         """
         self._alive("to_torch()")
         _native_meshes(self._world, adopting=False)  # before any group is made
