@@ -203,9 +203,11 @@ def test_roles_and_abstract_hold_through_a_shrink_and_a_grow_back():
         mesh = elastic_mesh.init(world, "cpu", (2, 2), ("dp", "tp"), ("gloo", "gloo"), False,
                                  (0, 1), given=True, roles=("replicate", "tensor"))
         shrunk = enter(world, mesh, mesh._plan, {"epoch": 1, "shape": [1, 2], "ranks": [0, 1],
-                                                 "lost": [3], "spares": [2]})
+                                                 "lost": [3], "spares": [2]},
+                       kind="shrink")
         grown = enter(world, shrunk, shrunk._plan, {"epoch": 2, "shape": [2, 2],
-                                                    "ranks": [0, 1, 2, 3], "fresh": [2, 3]})
+                                                    "ranks": [0, 1, 2, 3], "fresh": [2, 3]},
+                      kind="grow")
         return mesh.abstract, shrunk.abstract, grown.abstract, grown.mesh_dim_roles
 
     out = ThreadRanks(4).run(rank_main)
