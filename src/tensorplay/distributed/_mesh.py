@@ -352,7 +352,8 @@ class DeviceMesh:
                                 tuple(groups), roles, self._eager)
 
     def flatten(self, name: str | None = None) -> DeviceMesh:
-        """Merge every dim into one, with one new group; name defaults to 'a_b_c'.
+        """Merge every dim into one, with one new group (made at its first use, or now with
+        eager_groups); name defaults to 'a_b_c'.
 
         ``mesh["dp", "cp"].flatten()`` makes "dp_cp", which then slices the root mesh too.
         """
@@ -397,9 +398,10 @@ class DeviceMesh:
         The view belongs to this mesh's root (slices, ``flatten``, ``describe``, ``to_torch``
         work on it). A view dim whose groups equal a dim of this mesh (same ordered ranks)
         takes that dim's backend and so reuses its groups from the world's registry; only new
-        groups are made. ``shared`` names dims (present in both) that must have the same
-        groups, checked geometrically (no communication); a view dim keeps the role of the
-        dim of its name when their groups agree, and ``mesh_dim_roles`` sets others.
+        groups are made, at their first use (now with eager_groups). ``shared`` names dims
+        (present in both) that must have the same groups, checked geometrically (no
+        communication); a view dim keeps the role of the dim of its name when their groups
+        agree, and ``mesh_dim_roles`` sets others.
 
         The MoE expert view of a (pp, dp_replicate, dp_shard, cp, tp) mesh of 128 ranks:
         ``dense.reshape((2, 2, -1, 8), ("pp", "dp_replicate", "efsdp", "ep"),
@@ -446,7 +448,8 @@ class DeviceMesh:
     def unflatten(
         self, dim: int | str, sizes: Sequence[int], names: Sequence[str] | None = None
     ) -> DeviceMesh:
-        """Split ``dim`` into dims of ``sizes``; only the new groups are created.
+        """Split ``dim`` into dims of ``sizes``; only the new groups are created (at their
+        first use, or now with eager_groups).
 
         On a 1-d mesh "dp" of 8, unflatten("dp", (2, 4), ("replicate", "shard")) gives a
         (2, 4) mesh whose "shard" group through rank 5 is [4, 5, 6, 7].
