@@ -181,33 +181,30 @@ class _Exchange:
 
     def gather(self, group: str, n: int, index: int, size: int, value: Any,
                timeout_s: float) -> list[Any]:
-        deadline = time.monotonic() + timeout_s
         with self._cond:
             slot = self._posted.setdefault((group, n), {})
             slot[index] = value
-            self._cond.notify_all()
-            while len(slot) < size:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RuntimeError(f"Timed out waiting {timeout_s * 1000:.0f}ms for "
-                                       f"{group} call #{n}")
-                self._cond.wait(left)
+            self._await(slot, size, timeout_s, f"{group} call #{n}")
             return [slot[i] for i in range(size)]
 
 
     def meet(self, key: str, size: int, timeout_s: float) -> None:
         """Wait until ``size`` threads came to ``key`` (a group's rendezvous as it is made)."""
-        deadline = time.monotonic() + timeout_s
         with self._cond:
             slot = self._posted.setdefault((key, 0), {})
             slot[len(slot)] = True
-            self._cond.notify_all()
-            while len(slot) < size:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RuntimeError(f"Timed out waiting {timeout_s * 1000:.0f}ms for the "
-                                       f"members of {key}")
-                self._cond.wait(left)
+            self._await(slot, size, timeout_s, f"the members of {key}")
+
+    def _await(self, slot: dict[int, Any], size: int, timeout_s: float, what: str) -> None:
+        """With the lock held, after posting to ``slot``: wake the others and wait until it
+        holds ``size`` entries, or raise as gloo does after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        self._cond.notify_all()
+        while len(slot) < size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"Timed out waiting {timeout_s * 1000:.0f}ms for {what}")
+            self._cond.wait(left)
 
 
 class ThreadOps:
