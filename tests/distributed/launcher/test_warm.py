@@ -129,6 +129,8 @@ def test_a_raising_warm_rank_is_reported_as_today(tmp_path):
     job = script(tmp_path, """
         write_pid()
         if RANK == 1:
+            while not (HERE / "pid_0").exists():  # both pids known before the job ends
+                time.sleep(0.01)
             raise ValueError("bad lr")
         time.sleep(60)
     """)
@@ -147,6 +149,8 @@ def test_a_killed_warm_rank_is_reported_as_today(tmp_path):
     job = script(tmp_path, """
         write_pid()
         if RANK == 0:
+            while not (HERE / "pid_1").exists():  # both pids known before the job ends
+                time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)
     """)
