@@ -191,8 +191,8 @@ def test_log_dir_gets_one_unprefixed_file_per_rank(tmp_path):
 def test_failed_rank_stops_the_others_and_its_code_is_returned(tmp_path):
     job = script(tmp_path, """
         write_pid()
-        if RANK == 1:
-            while len(list(HERE.glob("pid_?"))) < 4:
+        if RANK == 1:  # once every pid is known, grandchildren's too
+            while len(list(HERE.glob("pid_?"))) < 4 or len(list(HERE.glob("grandchild_?"))) < 3:
                 time.sleep(0.02)
             sys.exit(3)
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
