@@ -8,7 +8,9 @@ matches them by type:
 - ``Beat``: with --hang-timeout-s, the rank's main thread has been still this long, here;
 - ``Signal``: SIGINT or SIGTERM reached the launcher;
 - ``Verdict`` (``nodes.Verdict``): the job stopped elsewhere (a node lost, a failure on
-  another node, the store could not be served).
+  another node, the store could not be served);
+- ``NodeChange`` (``nodes.NodeChange``, elastic mode): a node was lost, or taken back by a
+  new launcher; the job goes on.
 
 Worked example: the report pipe's lines become events with ``from_report_line``::
 
@@ -24,10 +26,11 @@ import json
 import queue
 from dataclasses import dataclass
 
-from .nodes import Verdict
+from .nodes import NodeChange, Verdict
 from .rank_ends import RankReport
 
-__all__ = ["Beat", "Event", "Events", "Exit", "Report", "Signal", "Verdict", "from_report_line"]
+__all__ = ["Beat", "Event", "Events", "Exit", "NodeChange", "Report", "Signal", "Verdict",
+           "from_report_line"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ class Signal:
     signum: int
 
 
-Event = Exit | Report | Beat | Signal | Verdict
+Event = Exit | Report | Beat | Signal | Verdict | NodeChange
 Events = queue.SimpleQueue[Event]  # reentrant: the launcher's signal handlers may put too
 
 
