@@ -143,6 +143,6 @@ def test_a_host_cut_off_stops_itself_and_the_other_host_trains_on_to_the_end(tmp
     assert "[rank 0] OK: matches single-process training" in a, text
     assert "tensorplay-run: node 1 (hostB, ranks 4-7) is lost: went silent: no heartbeat for" \
         in a, a
-    assert "tensorplay-run: this node (node 1 (hostB, ranks 4-7)) lost the job's store at " \
+    assert "tensorplay-run: this node, node 1 (hostB, ranks 4-7), lost the job's store at " \
         "198.18.0.1:" in b, b
     assert "to rejoin as a replacement" in b.strip().splitlines()[-1], b

@@ -548,7 +548,7 @@ class Board:
         text = (f"{self.node(0).name()}, which serves the job's store at "
                 f"{self.addr}:{self.port}, is lost: the store {why}")
         if self.elastic:
-            text = (f"this node ({self.node(self.index).name()}) lost the job's store at "
+            text = (f"this node, {self.node(self.index).name()}, lost the job's store at "
                     f"{self.addr}:{self.port} (served by node 0, {self.node(0).host}): the store "
                     f"{why}; its ranks cannot go on alone. Fix: if node 0 still runs (this "
                     f"machine was cut off), the job goes on without this node: once it reaches "
