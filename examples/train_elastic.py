@@ -24,9 +24,11 @@ again: a host started again joins before the end).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -61,30 +63,41 @@ def parse_args() -> argparse.Namespace:
                    help="after the last step, members on a shrunk mesh keep calling grow() "
                         "(no more steps) for up to SECONDS until the mesh is whole again, so a "
                         "replacement still starting (a host started again) gets in (default 0)")
+    p.add_argument("--stop-mid", action="append", default=[], metavar="RANK@STEP",
+                   help="for tests: that rank SIGSTOPs itself in that step, after its 'tp' "
+                        "reduction, before its 'dp' ones: the ranks outside its 'dp' group "
+                        "finish the step, its 'dp' partners do not (ranks at different steps)")
+    p.add_argument("--die-in-join", type=int, action="append", default=[], metavar="RANK",
+                   help="for tests: that rank's first replacement SIGKILLs itself 0.5 s after "
+                        "it starts joining (while it waits, as the mesh grows, or just after)")
     p.add_argument("--verbose", action="store_true",
                    help="every rank prints the mesh it gets at each recovery or growth")
     a = p.parse_args()
     try:
         a.kills = {int(r): int(s) for r, s in (k.split("@") for k in a.kill)}
         a.stops = {int(r): int(s) for r, s in (k.split("@") for k in a.stop)}
+        a.stops_mid = {int(r): int(s) for r, s in (k.split("@") for k in a.stop_mid)}
         a.stalls = {int(r): (int(s.split(":")[0]), float(s.split(":")[1]))
                     for r, s in (k.split("@") for k in a.stall)}
     except (ValueError, IndexError):
-        p.error(f"--kill and --stop take RANK@STEP (e.g. 5@4), --stall RANK@STEP:SECONDS; got "
-                f"{a.kill + a.stop + a.stall}")
+        p.error(f"--kill, --stop and --stop-mid take RANK@STEP (e.g. 5@4), --stall "
+                f"RANK@STEP:SECONDS; got {a.kill + a.stop + a.stop_mid + a.stall}")
     if a.steps < 1:
         p.error(f"--steps must be at least 1, got {a.steps}")
     return a
 
 
-def train_step(mesh, w1, w2, step: int) -> float:
-    """One SGD step on this rank's shards and its "dp" row's share of the batch; in place."""
+def train_step(mesh, w1, w2, step: int, midway=None) -> float:
+    """One SGD step on this rank's shards and its "dp" row's share of the batch; in place.
+    ``midway()``, if given, runs between the "tp" and the "dp" reductions (for --stop-mid)."""
     dp, dp_size = mesh.get_local_rank("dp"), mesh.size("dp")
     x, target = (t.chunk(dp_size, dim=0)[dp] for t in batch(step))
     z = x @ w1
     h = torch.relu(z)
     y = h @ w2
     dist.all_reduce(y, group=mesh.get_group("tp"))
+    if midway is not None:
+        midway()
     dw1, dw2 = backward(x, z, h, y, target, w2)
     dist.all_reduce(dw1, op=dist.ReduceOp.AVG, group=mesh.get_group("dp"))
     dist.all_reduce(dw2, op=dist.ReduceOp.AVG, group=mesh.get_group("dp"))
@@ -108,17 +121,25 @@ def reference(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     return w1.detach(), w2.detach()
 
 
-def roll_back(mesh, state: list[torch.Tensor], before: list[torch.Tensor]) -> None:
+def roll_back(mesh, state: list[torch.Tensor], before: list[torch.Tensor]) -> bool:
     """After a recovery: every member goes back to the earliest step any of them is at. A
     rank may have finished the step in which others failed (its reductions went through
     before the loss broke theirs): it is one step ahead, and ``before``, the state from
-    before its last completed step, undoes that step."""
+    before its last completed step, undoes that step. Returns whether this rank rolled back."""
     step = state[2].clone()
     for dim in MESH_NAMES:
         dist.all_reduce(step, op=dist.ReduceOp.MIN, group=mesh.get_group(dim))
-    if step.item() < state[2].item():
-        for now, then in zip(state, before, strict=True):
-            now.copy_(then)
+    if step.item() >= state[2].item():
+        return False
+    for now, then in zip(state, before, strict=True):
+        now.copy_(then)
+    return True
+
+
+def stop_midway(say, rank: int, step: int) -> None:
+    """--stop-mid: SIGSTOP this rank between its step's "tp" and "dp" reductions."""
+    say(f"rank {rank} stops itself (SIGSTOP) in step {step + 1}", True)
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def check(mesh, w1, w2, steps: int, say) -> bool:
@@ -156,6 +177,9 @@ def main() -> int:
     began = time.time()
     dist.init_process_group()
     rank, first_run = dist.get_rank(), os.environ.get("TENSORPLAY_RESTART_COUNT", "0") == "0"
+    restart = int(os.environ.get("TENSORPLAY_RESTART_COUNT", "0"))
+    if restart == 1 and rank in a.die_in_join:  # for tests: a replacement lost as it joins
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
     mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=MESH_NAMES, elastic="dp",
                             elastic_min=a.min_replicas)
 
@@ -180,7 +204,8 @@ def main() -> int:
                 sync_replicas(mesh, state)
                 sync = False
             if undo:
-                roll_back(mesh, state, before)
+                if roll_back(mesh, state, before):
+                    say(f"rank {rank} rolled back to step {int(state[2].item())}", a.verbose)
                 undo = False
             if mesh.get_coordinate() is None:  # a spare: wait until its slice is back
                 mesh = mesh.grow()  # MembersFinished (exit code 0) if the members end first
@@ -213,7 +238,10 @@ def main() -> int:
                 time.sleep(a.stalls.pop(rank)[1])
             start = [t.clone() for t in state]
             time.sleep(a.step_s)
-            loss = train_step(mesh, state[0], state[1], step)
+            midway = None
+            if first_run and a.stops_mid.get(rank) == step:
+                midway = functools.partial(stop_midway, say, rank, step)
+            loss = train_step(mesh, state[0], state[1], step, midway)
             state[2] += 1
             before = start
             say(f"step {step + 1}/{a.steps}  mesh {mesh.shape} epoch {mesh.epoch}  "

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import timing
+
 
 def test_ruff_is_clean():
     pytest.importorskip("ruff")
@@ -23,5 +25,5 @@ def test_mypy_is_clean():
     pytest.importorskip("mypy", reason="mypy comes with the [test] extra")
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-m", "mypy"], cwd=root, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=timing.guard(600))
     assert done.returncode == 0, done.stdout + done.stderr

@@ -49,6 +49,9 @@ TENSORPLAY_LAUNCHER = "TENSORPLAY_LAUNCHER"
 TENSORPLAY_TIMEOUT = "TENSORPLAY_TIMEOUT"
 TENSORPLAY_HOSTNAME = "TENSORPLAY_HOSTNAME"
 TENSORPLAY_RESTART_COUNT = "TENSORPLAY_RESTART_COUNT"  # set by tensorplay-run's elastic mode
+# "<pid>:<fd>": the rank's report pipe to tensorplay-run, usable by that process only (set by
+# launcher/rank_main.py; the fd is not inherited, so a subprocess must not write to its number)
+TENSORPLAY_RUN_NOTES = "TENSORPLAY_RUN_NOTES"
 
 SLURM_PROCID = "SLURM_PROCID"
 SLURM_LOCALID = "SLURM_LOCALID"
@@ -496,3 +499,23 @@ def rank_restart_count(environ: Mapping[str, str] | None = None) -> int:
     one (torchrun restarts the whole world instead: TORCHELASTIC_RESTART_COUNT)."""
     raw = _get(_environ(environ), TENSORPLAY_RESTART_COUNT)
     return 0 if raw is None else _as_int(TENSORPLAY_RESTART_COUNT, raw, 0)
+
+
+def tell_launcher(event: str, **fields: object) -> bool:
+    """Send one JSON line to tensorplay-run's report pipe of this rank (what the launcher's
+    closing summary lists, such as an elastic recovery's cost); False when this process has
+    none (another launcher, a subprocess of a rank) or the launcher is gone. Worked example:
+    ``tell_launcher("recovery", record={...})`` writes ``{"event": "recovery", "record":
+    {...}}``; a line must stay under 4 KiB (PIPE_BUF) to reach the pipe whole."""
+    import json
+
+    raw = _get(os.environ, TENSORPLAY_RUN_NOTES)
+    pid, _, fd = (raw or "").partition(":")
+    if not pid.isdigit() or not fd.isdigit() or int(pid) != os.getpid():
+        return False
+    line = json.dumps({"event": event, **fields}) + "\n"
+    try:
+        os.write(int(fd), line.encode())
+    except OSError:
+        return False
+    return True

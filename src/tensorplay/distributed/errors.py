@@ -34,7 +34,13 @@ from collections.abc import Iterable, Mapping
 
 
 class DistributedError(Exception):
-    """Base class of every error raised by tensorplay.distributed."""
+    """Base class of every error raised by tensorplay.distributed.
+
+    ``waited_s``: on an error a collective raised, how long that call had waited when the
+    engine failed it (an elastic recovery reports it as its detection time); else None.
+    """
+
+    waited_s: float | None = None
 
 
 class ArgumentError(DistributedError, ValueError):

@@ -95,7 +95,7 @@ def test_a_waiting_rank_told_the_members_finished_ends_with_exit_code_0(capsys):
     closed: list[bool] = []
     world = SimpleNamespace(rank=5, close=lambda: closed.append(True))
     with pytest.raises(MembersFinished) as caught:
-        enter(world, None, PLAN, finished)  # type: ignore[arg-type]
+        enter(world, None, PLAN, finished, kind="join")  # type: ignore[arg-type]
     assert closed == [True]  # it left the world first: no engine group is left to the exit
     assert isinstance(caught.value, SystemExit) and caught.value.code == 0
     assert caught.value.epoch == 2

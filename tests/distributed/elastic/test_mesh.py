@@ -191,6 +191,13 @@ def test_a_killed_tp_member_shrinks_the_mesh_and_its_replacement_grows_it_back()
     assert re.search(r"max abs diff vs single process: \S+ \(tolerance 1e-06\)", out)
     assert "OK: matches single-process training" in out
     assert "elastic: 1 rank loss(es) survived (rank 5 restarted)" in out
+    # the launcher's summary: what each epoch change cost, as rank 0 measured it
+    assert re.search(r"^tensorplay-run: elastic recovery \(rank 0\): epoch 1, shrink to \(1, 4\): "
+                     r"lost rank 5 \(host [^)]+\); detect [\d.]+ s, agree [\d.]+ s, rebuild "
+                     r"[\d.]+ s\.$", out, re.MULTILINE), out[-4000:]
+    assert re.search(r"^tensorplay-run: elastic recovery \(rank 0\): epoch 2, grow to \(2, 4\): "
+                     r"joined ranks 4-7; agree [\d.]+ s, rebuild [\d.]+ s, sync [\d.]+ s\.$", out,
+                     re.MULTILINE), out[-4000:]
 
 
 def test_every_rank_of_replica_0_killed_rank_0_among_them_leaves_replica_1_training():
@@ -201,6 +208,37 @@ def test_every_rank_of_replica_0_killed_rank_0_among_them_leaves_replica_1_train
     assert re.search(r"\[rank 4\] step 7/7  mesh \(1, 4\) epoch 1 ", out), out[-4000:]  # store
     assert "[rank 4] OK: matches single-process training" in out  # is the launcher's
     assert "ranks 0-3 lost for good" in out
+
+
+def test_ranks_at_different_steps_when_the_failure_lands_roll_back_to_the_same_step():
+    """Rank 2 stops (SIGSTOP) in step 4 between its "tp" and "dp" reductions, and its launcher
+    kills it after the 2 s grace: ranks 0, 1, 3, 4, 5, 7 finished step 4, rank 6 (2's "dp"
+    partner) did not. The survivors (1, 4) over 4-7 go back to step 3 and match one process."""
+    code, out, _ = run(*QUICK, "--stop-mid", "2@3", launcher=("--node-grace-s", "2"))
+    assert code == 0, out[-4000:]
+    assert re.search(r"rank 2 lost \(hung on host \S+: its process was stopped", out), out[-4000:]
+    assert_shrunk(out, [0, 1, 3, 4, 5, 6, 7], [], [4, 5, 6, 7], waits_s=2)
+    rolled = re.findall(r"^\[rank (\d)\] rank \1 rolled back to step 3 ", out, re.MULTILINE)
+    assert sorted(map(int, rolled)) == [4, 5, 7], out[-4000:]  # 6 was still at step 3
+    assert re.search(r"\[rank 4\] step 4/7  mesh \(1, 4\) epoch 1 ", out), out[-4000:]
+    assert "[rank 4] OK: matches single-process training" in out
+
+
+def test_rank_0s_replacement_lost_as_it_joins_and_the_next_one_grows_the_mesh_back():
+    """Rank 0 killed in step 4; its first replacement SIGKILLs itself 0.5 s after it starts to
+    join (waiting, or as the mesh grows: a lost rank like any other, no member waits for it);
+    the second completes replica 0 again. Every process ends cleanly: exit 0, no abort."""
+    step_s = min(timing.factor(), 2.0)
+    code, out, _ = run("--steps", "12", "--kill", "0@3", "--die-in-join", "0", "--verbose",
+                       "--step-s", f"{step_s:.2f}", restarts=2)
+    assert code == 0, out[-4000:]
+    assert "rank 0 lost (killed by signal SIGKILL); elastic mode: restarting it (restart 1" in out
+    assert "rank 0 lost (killed by signal SIGKILL); elastic mode: restarting it (restart 2" in out
+    assert re.search(r"\[rank 0\] rank 0 restarted at t=[\d.]+, joined the mesh \(2, 4\) "
+                     r"at epoch \d+", out), out[-4000:]
+    assert re.search(r"\[rank 0\] step 12/12  mesh \(2, 4\) epoch \d+ ", out), out[-4000:]
+    assert "[rank 0] OK: matches single-process training" in out
+    assert "SIGABRT" not in out and "terminate called" not in out, out[-4000:]
 
 
 def test_two_replicas_hit_at_once_is_below_the_minimum_and_every_process_says_so():

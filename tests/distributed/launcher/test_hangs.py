@@ -74,7 +74,7 @@ def _launch(tmp: Path, body: str, *flags: str) -> tuple[subprocess.CompletedProc
                       + body)
     start = time.monotonic()
     res = subprocess.run([*LAUNCHER, "--nproc-per-node", "2", *flags, str(script)],
-                         capture_output=True, text=True, timeout=60,
+                         capture_output=True, text=True, timeout=timing.guard(60),
                          env={**os.environ, "PYTHONPATH": spawn.pythonpath(),
                               "OMP_NUM_THREADS": "1"})
     return res, time.monotonic() - start

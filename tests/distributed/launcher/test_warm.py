@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import textwrap
 
@@ -34,8 +35,17 @@ REPORT = """
                       "pipe": repr(signal.getsignal(signal.SIGPIPE)),
                       "report_fd_env": "TENSORPLAY_RUN_REPORT_FD" in os.environ}))
 """
-FRESH = {"int": repr(signal.default_int_handler), "term": repr(signal.SIG_DFL),
-         "chld": repr(signal.SIG_DFL), "pipe": repr(signal.SIG_IGN)}
+HANDLERS = ("import json, signal; print(json.dumps({k: repr(signal.getsignal(s)) for k, s in ("
+            "('int', signal.SIGINT), ('term', signal.SIGTERM), ('chld', signal.SIGCHLD), "
+            "('pipe', signal.SIGPIPE))}))")
+
+
+def fresh_handlers() -> dict[str, str]:
+    """The handlers a fresh interpreter has here: SIGINT's is default_int_handler, unless this
+    process tree was started with SIGINT ignored (a shell's background job), which Python keeps."""
+    done = subprocess.run([sys.executable, "-c", HANDLERS], capture_output=True, text=True,
+                          check=True, timeout=timing.guard(30))
+    return json.loads(done.stdout)
 
 
 def reports(stdout: str) -> list[dict]:
@@ -56,6 +66,7 @@ def test_a_warm_rank_runs_the_script_as_python_does(tmp_path):
     assert res.returncode == 0, res.stderr
     got = reports(res.stdout)
     assert [r["rank"] for r in got] == [0, 1, 2]
+    fresh = fresh_handlers()
     for r in got:
         assert r["warm"], "the rank was not forked from the warm process"
         assert r["name"] == "__main__"
@@ -63,7 +74,7 @@ def test_a_warm_rank_runs_the_script_as_python_does(tmp_path):
         assert r["path0"] == str(tmp_path.resolve())
         assert r["own_group"]
         assert not r["report_fd_env"]  # rank_main took it, as in a plain rank
-        assert {k: r[k] for k in FRESH} == FRESH  # a fresh interpreter's handlers
+        assert {k: r[k] for k in fresh} == fresh  # a fresh interpreter's handlers
     assert len({r["random"] for r in got}) == 3, "forked ranks share random's state"
     if got[0]["np"] is not None:  # numpy installed: the warm process imported it
         assert len({r["np"] for r in got}) == 3, "forked ranks share numpy's state"

@@ -7,6 +7,7 @@ contiguous tensor goes straight to the c10d group's ``allreduce`` (see ``all_red
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from .. import _arrays
-from ..errors import bad_argument, bad_type
+from ..errors import DistributedError, bad_argument, bad_type
 from ..process_group import ReduceOp, Work
 
 _TORCH_OPS = {
@@ -123,17 +124,27 @@ def _finish(buffers: Sequence[_Buffer]) -> None:
         buffer.finish()
 
 
+def _timed(err: Exception, since: float) -> Exception:
+    """Our error for a failed call that began at ``since`` (time.monotonic()), with how long
+    it waited (``DistributedError.waited_s``)."""
+    if isinstance(err, DistributedError):
+        err.waited_s = time.monotonic() - since
+    return err
+
+
 class _Guarded:
     """Engine work whose wait() raises our errors."""
 
-    def __init__(self, work: Any, what: str, failed: Callable[[BaseException, str], Exception]):
-        self.work, self.what, self.failed = work, what, failed
+    def __init__(self, work: Any, what: str, failed: Callable[[BaseException, str], Exception],
+                 since: float):
+        self.work, self.what, self.failed, self.since = work, what, failed, since
 
     def wait(self) -> None:
         try:
             self.work.wait()
         except RuntimeError as err:
-            raise self.failed(err, self.what) from None  # it quotes the engine's words
+            raise _timed(self.failed(err, self.what), self.since) from None  # it quotes the
+            # engine's words
 
 
 class TorchGroupOps:
@@ -157,12 +168,13 @@ class TorchGroupOps:
     def _run(self, what: str, async_op: bool, buffers: Sequence[_Buffer],
              call: Callable[[Any], Any]) -> Work | None:
         """Run ``call(engine_group)``; engine failures become our errors."""
+        since = time.monotonic()
         try:
             work = call(self._group)
             if async_op:
-                return Work(_Guarded(work, what, self._failed), lambda: _finish(buffers))
+                return Work(_Guarded(work, what, self._failed, since), lambda: _finish(buffers))
         except RuntimeError as err:
-            raise self._failed(err, what) from None  # it quotes the engine's words
+            raise _timed(self._failed(err, what), since) from None  # it quotes the engine
         _finish(buffers)
         return None
 
@@ -180,10 +192,12 @@ class TorchGroupOps:
             # Every other call takes the path below, whose checks name what is wrong. Each
             # Python step here costs ~5x its idle time, right after a blocking call
             # (bench/mesh_init.py table (c)).
+            since = time.monotonic()
             try:
                 self._group.allreduce([tensor], opts).wait()
             except RuntimeError as err:
-                raise self._failed(err, "all_reduce()") from None  # it quotes the engine
+                raise _timed(self._failed(err, "all_reduce()"), since) from None  # it quotes
+                # the engine's words
             return None
         buf = self._buffer(tensor, "tensor")
         torch_op = _op(op, buf.tensor)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -49,6 +50,7 @@ from ..errors import (
 from ..world import World, leave_unheard
 from . import chain
 from .chain import Elastic
+from .recovery import Recovery
 from .session import Session, session_of
 from .shrink import shrink
 from .survivors import agree_lost
@@ -80,6 +82,18 @@ class ElasticMesh(DeviceMesh):
     def epoch(self) -> int:
         """0 at init_device_mesh, one more at each recover() or grow() that changed it."""
         return self._plan.epoch
+
+    @property
+    def last_recovery(self) -> Recovery | None:
+        """What the epoch change that opened this mesh cost on this rank (lost and joined
+        ranks, seconds detecting, agreeing, rebuilding groups, syncing): None at epoch 0.
+        See ``elastic/recovery.py``."""
+        return self._session.recovery_of(self._plan.epoch)
+
+    @property
+    def recoveries(self) -> list[Recovery]:
+        """Every epoch change this process went through in this world, oldest first."""
+        return list(self._session.recoveries)
 
     @property
     def fresh_ranks(self) -> list[int]:
@@ -182,8 +196,11 @@ def sync_replicas(mesh: DeviceMesh, tensors: Sequence[Any]) -> None:
         raise ArgumentError(
             f"sync_replicas(): every member of {group.label} joined at epoch {plan.epoch}, so "
             f"none holds the training state. Fix: restore it from a checkpoint instead")
+    started = time.monotonic()
     for tensor in tensors:
         broadcast(tensor, sources[0], group=group)
+    if isinstance(mesh, ElasticMesh):
+        mesh._session.synced(plan.epoch, time.monotonic() - started)
 
 
 def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float = WAIT_S,
@@ -194,6 +211,7 @@ def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float = WAIT_S,
         raise NotAMemberError(
             f"recover(): rank {world.rank} is a spare, not in the mesh of epoch {plan.epoch}. "
             f"Fix: a spare waits in mesh.grow() until its slice is filled again")
+    started = time.monotonic()
     board = chain.board_of(world)
     chain.recovering(board, plan.epoch, world.rank)
     closed = world.close_epoch(f"was closed by the recovery after a failure in epoch "
@@ -217,7 +235,8 @@ def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float = WAIT_S,
     decision = chain.next_of(board, plan.epoch, {
         "epoch": plan.epoch + 1, "shape": list(shrunk.shape), "ranks": list(shrunk.ranks),
         "lost": list(shrunk.lost), "spares": list(shrunk.spares)})
-    return enter(world, mesh, plan, decision)
+    return enter(world, mesh, plan, decision, kind="shrink",
+                 detect_s=getattr(err, "waited_s", None), agree_s=time.monotonic() - started)
 
 
 def _let_go(err: BaseException | None) -> None:
@@ -239,13 +258,15 @@ def grow(mesh: ElasticMesh) -> DeviceMesh:
     if mesh._spec.coordinate_of(world.rank) is None:
         decision = chain.await_admission(chain.board_of(world), world.rank, token(),
                                             plan.epoch, world.timeout.total_seconds())
-        return enter(world, mesh, plan, decision)
+        return enter(world, mesh, plan, decision, kind="join")
+    started = time.monotonic()
     n = world.spmd.next("elastic-poll")
     board = chain.board_of(world)
     grown = chain.poll(board, plan, n, set(mesh._spec.ranks().tolist()))
     if grown is None:
         return mesh
-    return enter(world, mesh, plan, chain.next_of(board, plan.epoch, grown))
+    decision = chain.next_of(board, plan.epoch, grown)
+    return enter(world, mesh, plan, decision, kind="grow", agree_s=time.monotonic() - started)
 
 
 def join(world: World, like: ElasticMesh, plan: Elastic) -> ElasticMesh:
@@ -253,7 +274,7 @@ def join(world: World, like: ElasticMesh, plan: Elastic) -> ElasticMesh:
     ``like`` carries the device, names and backends (a mesh of no groups, never used)."""
     decision = chain.await_admission(chain.board_of(world), world.rank, token(), 0,
                                         world.timeout.total_seconds())
-    return enter(world, like, plan, decision)
+    return enter(world, like, plan, decision, kind="join")
 
 
 def token() -> str:
@@ -263,9 +284,11 @@ def token() -> str:
     return f"{os.getpid()} {_env.hostname()} {_losses.instance()}".strip()
 
 
-def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, Any]
+def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, Any], *,
+          kind: str, detect_s: float | None = None, agree_s: float | None = None
           ) -> ElasticMesh:
-    """The mesh of the epoch ``decision`` opens, with its groups made afresh."""
+    """The mesh of the epoch ``decision`` opens, with its groups made afresh; its cost
+    (``kind`` of change, the seconds measured so far and the groups' making) is recorded."""
     if "end" in decision:
         raise ShrinkError(decision["end"])
     if "finished" in decision:  # a waiting rank: the members are done; so is this one
@@ -283,4 +306,30 @@ def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, An
             f"sooner (a rank stalled this long counts as lost)")
     world.open_epoch(decision["epoch"], present=decision["ranks"])
     mesh._session.entered(decision)
-    return mesh._next(spec, plan.at(decision))
+    started = time.monotonic()
+    entered = mesh._next(spec, plan.at(decision))
+    lost = tuple(decision.get("lost", ()))
+    mesh._session.record(Recovery(
+        epoch=decision["epoch"], kind=kind, shape=spec.shape, lost_ranks=lost,
+        lost_hosts=_hosts_of(world, lost),
+        joined_ranks=tuple(decision.get("fresh", ())), detect_s=detect_s, agree_s=agree_s,
+        rebuild_s=time.monotonic() - started), first=_teller(decision) == world.rank)
+    return entered
+
+
+def _teller(decision: dict[str, Any]) -> int:
+    """The rank that sends an epoch change's cost to tensorplay-run: the new mesh's first rank
+    that trained before (it saw the whole change), else its first rank."""
+    fresh = set(decision.get("fresh", ()))
+    return next((r for r in decision["ranks"] if r not in fresh), decision["ranks"][0])
+
+
+def _hosts_of(world: World, ranks: tuple[int, ...]) -> tuple[str, ...]:
+    """The host names of ``ranks`` (one store read, the first time), () when unknown."""
+    if not ranks:
+        return ()
+    try:
+        hosts = world.hosts()
+    except Exception:  # noqa: BLE001 - a record without hosts rather than a failed recovery
+        return ()
+    return tuple(sorted({hosts(r) for r in ranks}))

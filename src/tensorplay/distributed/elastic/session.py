@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _env, _keys, _losses
 from .chain import board_of, finish
+from .recovery import Recovery
 
 if TYPE_CHECKING:
     from ..world import World
@@ -40,6 +41,8 @@ class Session:
     def __init__(self, world: World):
         self._world = world
         self.shape: tuple[int, ...] | None = None  # the newest elastic mesh's shape
+        self.recoveries: list[Recovery] = []  # one per epoch change this rank went through
+        self._tells = False  # this rank sends the records to tensorplay-run (see record)
         world.at_destroy(self.finish)
         world.expect_losses(FIX_ELASTIC)
         self._watch()
@@ -52,6 +55,27 @@ class Session:
             pid, host = who.split()[:2]
             if host == _env.hostname():
                 self._world.note_pid(int(rank), int(pid))
+
+    def record(self, recovery: Recovery, first: bool) -> None:
+        """Keep what an epoch change cost; the first rank of the new mesh (``first``) also
+        sends it to tensorplay-run for its closing summary, and later its sync time."""
+        self.recoveries.append(recovery)
+        self._tells = first
+        if first:
+            _env.tell_launcher("recovery", record=recovery.to_json())
+
+    def recovery_of(self, epoch: int) -> Recovery | None:
+        """The record of the change that opened ``epoch`` (None at epoch 0)."""
+        return next((r for r in reversed(self.recoveries) if r.epoch == epoch), None)
+
+    def synced(self, epoch: int, seconds: float) -> None:
+        """sync_replicas filled the fresh ranks of ``epoch`` in ``seconds``."""
+        recovery = self.recovery_of(epoch)
+        if recovery is None:
+            return
+        recovery.sync_s = (recovery.sync_s or 0.0) + seconds
+        if self._tells:
+            _env.tell_launcher("recovery", record=recovery.to_json())
 
     def finish(self) -> None:
         """At destroy_process_group(), on a member: ranks still waiting to join get the last

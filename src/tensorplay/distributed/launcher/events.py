@@ -6,6 +6,8 @@ matches them by type:
 - ``Exit``: a waiter thread saw a rank's process end (its Popen return code);
 - ``Report``: the rank's ``rank_main`` said how its script ended (a ``RankReport``);
 - ``Beat``: with --hang-timeout-s, the rank's main thread has been still this long, here;
+- ``Recovered``: an elastic mesh changed epoch; what it cost (``elastic/recovery.py``), sent by
+  the new mesh's first rank (again once it synced the fresh ranks);
 - ``Signal``: SIGINT or SIGTERM reached the launcher;
 - ``Verdict`` (``nodes.Verdict``): the job stopped elsewhere (a node lost, a failure on
   another node, the store could not be served);
@@ -26,11 +28,12 @@ import json
 import queue
 from dataclasses import dataclass
 
+from ..elastic.recovery import Recovery
 from .nodes import NodeChange, Verdict
 from .rank_ends import RankReport
 
-__all__ = ["Beat", "Event", "Events", "Exit", "NodeChange", "Report", "Signal", "Verdict",
-           "from_report_line"]
+__all__ = ["Beat", "Event", "Events", "Exit", "NodeChange", "Recovered", "Report", "Signal",
+           "Verdict", "from_report_line"]
 
 
 @dataclass(frozen=True)
@@ -61,21 +64,35 @@ class Beat:
 
 
 @dataclass(frozen=True)
+class Recovered:
+    """A rank's elastic mesh entered a new epoch at this cost (the latest record per epoch
+    counts: the first says the change, a second adds the sync time)."""
+
+    rank: int
+    recovery: Recovery
+
+
+@dataclass(frozen=True)
 class Signal:
     """The launcher itself got SIGINT or SIGTERM (``signum``)."""
 
     signum: int
 
 
-Event = Exit | Report | Beat | Signal | Verdict | NodeChange
+Event = Exit | Report | Beat | Recovered | Signal | Verdict | NodeChange
 Events = queue.SimpleQueue[Event]  # reentrant: the launcher's signal handlers may put too
 
 
-def from_report_line(rank: int, raw: bytes) -> Report | Beat:
+def from_report_line(rank: int, raw: bytes) -> Report | Beat | Recovered:
     """The event one line of a rank's report pipe stands for (ValueError when it is none)."""
     record = json.loads(raw)
     if not isinstance(record, dict):
         raise ValueError(f"not a report: {raw!r}")
+    if record.get("event") == "recovery":
+        said = record.get("record")
+        if not isinstance(said, dict):
+            raise ValueError(f"not a recovery: {raw!r}")
+        return Recovered(rank, Recovery.from_json(said))
     if record.get("event") == "beat":
         still = record.get("still", 0.0)
         return Beat(rank, float(still) if isinstance(still, (int, float)) else 0.0,

@@ -32,7 +32,17 @@ from pathlib import Path
 
 from .. import _env, _losses
 from ..errors import rank_words
-from .events import Beat, Event, Events, Exit, NodeChange, Report, Signal, Verdict
+from .events import (
+    Beat,
+    Event,
+    Events,
+    Exit,
+    NodeChange,
+    Recovered,
+    Report,
+    Signal,
+    Verdict,
+)
 from .hangs import HangWatch
 from .nodes import Board
 from .options import PROG
@@ -169,6 +179,7 @@ class Job:
         self.hangs = HangWatch(spec.node_grace_s, spec.hang_timeout_s)
         self.verdict: Verdict | None = None  # why the job stopped, if another node said so
         self.node_changes: list[NodeChange] = []  # elastic mode: nodes lost and taken back
+        self.recoveries: dict[int, Recovered] = {}  # epoch -> what its change cost (the latest)
 
     def start(self) -> None:
         """Start every rank of this node: as ranks joining a running elastic mesh when this
@@ -206,6 +217,8 @@ class Job:
             end.report = end.report or event.report
         elif isinstance(event, Verdict):
             self.verdict = self.verdict or event
+        elif isinstance(event, Recovered):
+            self.recoveries[event.recovery.epoch] = event
 
     def supervise(self, policy: Policy) -> int | None:
         """Wait for the ranks until none runs (see the module). Returns None, or the signal
@@ -345,8 +358,11 @@ class Job:
                 self.ends[r].code = proc.returncode
 
     def conclude(self, policy: Policy) -> int:
-        """Print what went wrong (tail, tracebacks, summary) and return the exit status; the
-        policy says which ends to judge."""
+        """Print each elastic recovery's cost, then what went wrong (tail, tracebacks, summary)
+        and return the exit status; the policy says which ends to judge."""
+        for epoch in sorted(self.recoveries):
+            said = self.recoveries[epoch]
+            self.out.say(f"elastic recovery (rank {said.rank}): {said.recovery.line()}.")
         ends = policy.judged(self)
         if ends is None:
             return 0

@@ -25,7 +25,7 @@ from contextlib import contextmanager, suppress
 
 from .. import _env
 from ..errors import ArgumentError, rank_words
-from . import handoff
+from . import handoff, store
 from .events import Events, Signal, Verdict
 from .job import Job, policy_for
 from .nodes import Board, JoinError
@@ -74,6 +74,8 @@ def launch(spec: LaunchSpec) -> int:
         os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"  # torch logs each failed connect with a
         # C++ stack trace: noise in a launcher, which says itself what failed
     board = _board(spec) if spec.serve_store else None
+    if board is not None and spec.wants_warm():
+        store.preload()  # meanwhile the warm process imports torch too (store.preload says why)
     warm = _warm(spec, out)
     job = Job(spec, out, board if spec.nnodes > 1 else None, warm)
     policy = policy_for(spec)

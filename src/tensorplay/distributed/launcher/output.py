@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from ..errors import bad_argument, rank_words
-from .events import Beat, Report, from_report_line
+from .events import Beat, Recovered, Report, from_report_line
 from .options import PROG
 from .rank_ends import blank_varying
 
@@ -166,7 +166,7 @@ def pump_stdout(pipe: IO[bytes], rank: int, out: Output) -> None:
 
 
 def pump_stderr(pipe: IO[bytes], report_fd: int, rank: int, out: Output,
-                on_event: Callable[[Report | Beat], None]) -> None:
+                on_event: Callable[[Report | Beat | Recovered], None]) -> None:
     """Reader thread: a child's stderr and its report pipe, in the order they were written.
 
     The rank writes its report before it prints its traceback. So after each read of stderr the

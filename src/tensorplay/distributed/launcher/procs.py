@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
 
 from . import rank_main
-from .events import Beat, Event, Events, Exit, Report, Signal
+from .events import Beat, Event, Events, Exit, Recovered, Report, Signal
 from .output import Output, pump_stderr, pump_stdout
 from .spec import LaunchSpec
 from .warm import Warm, WarmProc
@@ -66,7 +66,7 @@ def start_rank(spec: LaunchSpec, local_rank: int, out: Output, events: Events,
     finally:
         os.close(report_w)
 
-    def on_event(event: Report | Beat) -> None:
+    def on_event(event: Report | Beat | Recovered) -> None:
         if isinstance(event, Report) and event.report.event == "raised" and event.report.first:
             out.expect(event.rank, event.report.first)
         events.put(event)
