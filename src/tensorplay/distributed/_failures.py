@@ -66,7 +66,7 @@ T = TypeVar("T")
 Dead = tuple[int, int, str]  # (rank, pid, host) of a rank whose process has gone
 # tensorplay-run writes here why the job stops, when another node is lost or failed:
 # {"text": "node 1 (hostB, ranks 4-7) went silent: ...", "ranks": [4, 5, 6, 7]}
-VERDICT_FILE = "TENSORPLAY_RUN_VERDICT_FILE"
+VERDICT_FILE = _losses.VERDICT_FILE  # where the launcher writes its verdict (several nodes)
 
 
 def engine_said(err: BaseException) -> str:

@@ -34,6 +34,8 @@ from collections.abc import Iterable
 from typing import Any
 
 LOSSES_FILE = "TENSORPLAY_RUN_LOSSES_FILE"  # set by tensorplay-run on several nodes
+VERDICT_FILE = "TENSORPLAY_RUN_VERDICT_FILE"  # the launcher's verdict: why the job stops, and
+# the ranks of the node it lost, if one (read by ``_failures`` while a rank waits)
 NODE_INSTANCE = "TENSORPLAY_NODE_INSTANCE"  # "<node>.<claim>" of the launcher of this rank
 
 
@@ -61,6 +63,22 @@ def lost_ranks() -> list[int]:
     """The ranks of the nodes that are lost and not replaced: [4, 5, 6, 7] after node 1 of
     (2 nodes x 4 ranks) was lost, [] again once a launcher took node 1 back."""
     return sorted({r for loss in read() if not loss.get("replaced") for r in loss["ranks"]})
+
+
+def told_lost() -> list[int]:
+    """Every rank the launcher has said is gone: the lost nodes' (``lost_ranks``) and, once the
+    job stops because a node was lost, that node's ranks (the verdict file's "ranks"). The end
+    of job waits for none of them: on (2 nodes x 4 ranks) after node 1 went silent, [4-7]."""
+    found = set(lost_ranks())
+    path = os.environ.get(VERDICT_FILE)
+    if path:
+        try:
+            with open(path) as f:
+                verdict = json.load(f)
+            found.update(verdict.get("ranks") or [])
+        except (OSError, ValueError, AttributeError):  # none yet (or being written)
+            pass
+    return sorted(found)
 
 
 def naming(ranks: Iterable[int]) -> dict[str, Any] | None:

@@ -55,7 +55,8 @@ def test_a_node_whose_launcher_died_is_lost_at_once_and_a_new_launcher_takes_it_
         seen = time.monotonic() - killed
         again = nodes.start(1, script, env=env)
         _await(nodes, 2, "up rank 1 restart 1 instance 1.2", timing.guard(120))
-        stop.touch()
+        _await(nodes, 0, "node 1 is back: a new launcher on ", timing.guard(30))  # read at its
+        stop.touch()  # next beat
         codes = [nodes.wait(p, 120) for p in (nodes.procs[0], again)]
         texts = [nodes.text(i) for i in range(3)]
     assert seen < GRACE_S, (seen, timing.describe(), texts)  # not the heartbeat's verdict
