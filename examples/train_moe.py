@@ -32,15 +32,18 @@ sum over its 4 ranks divided by 8, not their average (2x too large; ``--average-
 makes that mistake on purpose).
 
 Rank 0 prints the views, how many rows its first step sends to each "ep" rank ([9, 7]), the loss
-of each step and how far the final weights and losses are from the same training in one process
-(float64); above 1e-6 every rank exits 1. The loss goes 1.253471 -> 0.373239 over 5 steps, as in
-one process, and it prints "max abs diff: 2.220e-16".
+of each step, after the first the communicators it holds (the view's "efsdp" and "ep" groups are
+made by that step, at their first use) and the time since it began to join, and how far the
+final weights and losses are from the same training in one process (float64); above 1e-6 every
+rank exits 1. The loss goes 1.253471 -> 0.373239 over 5 steps, as in one process, and it prints
+"max abs diff: 2.220e-16".
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 
 import torch
@@ -53,6 +56,7 @@ EXPERTS, HIDDEN, TOP_K = 4, 16, 2  # experts, hidden units per expert, experts p
 TOKENS = 64  # the global batch, 8 tokens per rank
 LR, SEED, TOLERANCE = 0.5, 0, 1e-6
 DTYPE = torch.float64  # float64 keeps the 1e-6 check far above rounding noise
+STARTED = time.monotonic()  # reset in main(), just before init_process_group
 
 
 def parse_args() -> argparse.Namespace:
@@ -242,6 +246,10 @@ def train(dense, expert_view, problem, steps: int, average_expert_grads: bool, s
         dist.all_reduce(total, op=dist.ReduceOp.AVG)  # the mean over all 64 tokens
         losses.append(total.item())
         say(f"step {step + 1}/{steps}  loss {total.item():.6f}")
+        if step == 0:  # what the first step cost: its communicators and its time
+            say(expert_view.describe().rsplit("\n\n", 1)[-1])
+            say(f"first step done {time.monotonic() - STARTED:.2f} s after the process began "
+                "to join the world")
     return dense_shard, expert_shard, losses
 
 
@@ -283,7 +291,9 @@ def show_views(dense, expert_view, say) -> None:
 
 def main() -> int:
     """Set up the world and both views, train, check; the exit code is 1 on a mismatch."""
+    global STARTED
     a = parse_args()
+    STARTED = time.monotonic()
     dist.init_process_group()  # the launcher's RANK, WORLD_SIZE, ... (env://), gloo on CPU
     # The dense view: 2 replicas x 4 shards. Its roles say what each dim does.
     dense = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp_replicate", "dp_shard"),

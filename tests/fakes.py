@@ -195,6 +195,21 @@ class _Exchange:
             return [slot[i] for i in range(size)]
 
 
+    def meet(self, key: str, size: int, timeout_s: float) -> None:
+        """Wait until ``size`` threads came to ``key`` (a group's rendezvous as it is made)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            slot = self._posted.setdefault((key, 0), {})
+            slot[len(slot)] = True
+            self._cond.notify_all()
+            while len(slot) < size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(f"Timed out waiting {timeout_s * 1000:.0f}ms for the "
+                                       f"members of {key}")
+                self._cond.wait(left)
+
+
 class ThreadOps:
     """The collectives of one group, run by threads: numpy buffers, gathered by ``_Exchange``.
     Only what the protocol modules call (strict mode's all-gather) and a sum."""
@@ -228,7 +243,9 @@ class ThreadOps:
 class ThreadEngine:
     """An engine (``_engine.Engine``) for worlds whose ranks are threads: it has a store, is
     not simulated, words failures as the torch engine does (its ``classify``), and runs the
-    collectives of ``ThreadOps`` (on any group: ``world.group(Ranks.of([...]))``)."""
+    collectives of ``ThreadOps`` (on any group: ``world.group(Ranks.of([...]))``).
+    ``meets = True``: making a group waits until all its members make it, as gloo's does
+    (bounded by the world's timeout); else a group is made at once."""
 
     name = "threads"
 
@@ -238,9 +255,14 @@ class ThreadEngine:
         self.capabilities = Capabilities(simulated=False, has_store=True, can_abort=False)
         self._exchange = _Exchange()
         self._timeout_s = timeout_s
+        self.meets = False
+        self.made: list[str] = []  # the groups' names, once per member that made one
 
     def new_group(self, name: str, ranks: Any, backend: str, timeout: Any, desc: str) -> str:
-        """A group of threads needs nothing made: its name stands for it."""
+        """A group of threads: its name stands for it, once its members met (``meets``)."""
+        if self.meets:
+            self._exchange.meet(name, len(ranks), timeout.total_seconds())
+        self.made.append(name)
         return name
 
     def ops(self, engine_group: Any, group: Any, failed: Any) -> ThreadOps:
@@ -254,6 +276,12 @@ class ThreadEngine:
 
     def backend_for_device(self, device_type: str, world_backend: str) -> str:
         return world_backend
+
+    def prepare_elastic(self) -> None:
+        """Nothing to prepare (``Severable``: an elastic mesh may be made on threads)."""
+
+    def use_device(self, device_type: str) -> None:
+        """A thread has no device to pick."""
 
     def sever(self, engine_group: Any) -> None:
         """Nothing to break: the threads' groups hold no connections."""

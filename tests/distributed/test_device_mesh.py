@@ -151,21 +151,26 @@ def reshape_job(rank: int):
     mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
     before = world_module._WORLD.created
     flat = mesh["dp", "tp"].flatten()
+    lazy_flatten = world_module._WORLD.created - before  # made at first use
+    flat_sum = _sum_over(flat.get_group())
     made_flatten = world_module._WORLD.created - before
     again = mesh["dp_tp"]
     whole = init_device_mesh("cpu", (8,), mesh_dim_names=("all",))
     before, registered = world_module._WORLD.created, _registered()
     split = whole.unflatten("all", (2, 4), ("replicate", "shard"))
+    lazy_unflatten = world_module._WORLD.created - before
+    split_sums = [_sum_over(g) for g in split.get_all_groups()]
     made_unflatten = world_module._WORLD.created - before
     new_keys = _registered() - registered
     split_keys = {(g.rank_seq.key(), g.backend) for g in split.get_all_groups()}
     alias = mesh._flatten("everything")
     return {
         "flat": flat.mesh.tolist(), "flat_names": flat.mesh_dim_names,
-        "flat_sum": _sum_over(flat.get_group()), "made_flatten": made_flatten,
+        "flat_sum": flat_sum, "made_flatten": made_flatten,
+        "lazy": [lazy_flatten, lazy_unflatten],
         "again_same_group": again.get_group() is flat.get_group(), "again": again.mesh.tolist(),
         "split": split.mesh.tolist(), "split_groups": [g.ranks for g in split.get_all_groups()],
-        "split_sums": [_sum_over(g) for g in split.get_all_groups()],
+        "split_sums": split_sums,
         "made_unflatten": made_unflatten, "new_are_split_groups": new_keys <= split_keys,
         "new_keys": len(new_keys), "alias": alias.mesh.tolist(),
     }
@@ -180,7 +185,7 @@ def test_flatten_and_unflatten_groups_move_the_right_data(world8):
         assert out["flat"] == out["again"] == expected
         assert out["flat_names"] == ("dp_tp",)
         assert out["flat_sum"] == sum(expected)
-        assert out["made_flatten"] == 1
+        assert out["lazy"] == [0, 0] and out["made_flatten"] == 1  # at the first all_reduce
         assert out["again_same_group"]
         assert out["split"] == np.arange(8).reshape(2, 4).tolist()
         row = list(range(4 * (rank // 4), 4 * (rank // 4) + 4))

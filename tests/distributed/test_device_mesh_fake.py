@@ -322,8 +322,9 @@ def test_a_million_ranks_3d(rank):
         assert sliced.shape == (BIG // 64, 8) and sliced.get_coordinate() == [a, c]
         assert sliced.get_rank([1, 3]) == 64 + 8 * b + 3
         flat = sliced.flatten()
-        assert world.created == 4
+        assert world.created == 3  # a flatten's group is made at its first use
         group = flat.get_group()
+        assert group.engine_group is None and world.created == 4  # made (the fake's is None)
         assert flat.mesh_dim_names == ("dp_tp",) and flat.get_coordinate() == [8 * a + c]
         assert group.size() == BIG // 8 and group.rank() == 8 * a + c
         for i in (0, 7, 8, 8 * a + c, BIG // 8 - 1):
@@ -346,8 +347,8 @@ def test_group_creation_counts(size, shape):
     array = np.arange(size).reshape(shape)
     names = NAMES[: len(shape)]
     for rank in range(size):
-        with fake_world(rank, size) as world:
-            mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        with fake_world(rank, size) as world:  # every group made as its mesh is
+            mesh = init_device_mesh("cpu", shape, mesh_dim_names=names, eager_groups=True)
             made = world.created
             assert made == distinct_new_lines(array, rank, size)
             if 1 not in shape and len(shape) > 1:
@@ -372,14 +373,16 @@ def test_group_creation_counts(size, shape):
             assert mesh.flatten().get_group() is world.default_group
 
 
-def test_flatten_creates_exactly_one_group():
+def test_flatten_creates_exactly_one_group_at_its_first_use():
     with fake_world(6, 16) as world:
         mesh = init_device_mesh("cpu", (2, 2, 4), mesh_dim_names=("a", "b", "c"))
         assert world.created == 3
         flat = mesh["a", "c"].flatten()
-        assert world.created == 4 and flat.get_group().ranks == [4, 5, 6, 7, 12, 13, 14, 15]
-        mesh["a", "c"].flatten()
-        mesh["a_c"]
+        assert world.created == 3 and flat.get_group().ranks == [4, 5, 6, 7, 12, 13, 14, 15]
+        dist.all_reduce(np.zeros(1), group=flat.get_group())
+        assert world.created == 4
+        assert mesh["a", "c"].flatten().get_group() is flat.get_group()
+        dist.all_reduce(np.zeros(1), group=mesh["a_c"].get_group())
         assert world.created == 4
 
 
@@ -388,6 +391,8 @@ def test_unflatten_creates_only_the_new_dims():
         mesh = init_device_mesh("cpu", (2, 8), mesh_dim_names=("dp", "tp"))
         assert world.created == 2
         split = mesh.unflatten("tp", (2, 4), ("tp0", "tp1"))
+        assert world.created == 2  # at first use
+        assert [split.get_group(n).engine_group for n in ("tp0", "tp1")] == [None, None]
         assert world.created == 4
         assert split.get_group("dp") is mesh.get_group("dp")
         assert split.get_group("tp1").ranks == [4, 5, 6, 7]

@@ -215,7 +215,11 @@ def test_an_expert_dim_that_cuts_a_dense_dim_gets_new_groups(fake_world):
     expert = dense.reshape((2, 4, 8), ("pp", "efsdp", "ep"), shared=("pp",))
     check_view(expert, np.arange(64).reshape(2, 8, 4), (2, 4, 8), 13)
     assert expert.get_group("pp") is dense.get_group("pp")
-    assert dist.world.current_world("test").created == made + 2  # efsdp and ep are new
+    world = dist.world.current_world("test")
+    assert world.created == made  # efsdp and ep are new layouts: made at first use
+    for name in ("efsdp", "ep"):
+        dist.all_reduce(np.zeros(2), group=expert.get_group(name))
+    assert world.created == made + 2
 
 
 def test_a_flatten_of_view_dims_slices_the_view_and_is_not_offered_elsewhere(fake_world):
@@ -313,9 +317,13 @@ def test_bad_roles_are_typed_and_named(fake_world):
         init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"), mesh_dim_roles=["tp"])
     with pytest.raises(ArgumentError, match="needs dim names"):
         init_device_mesh("cpu", (2, 4), mesh_dim_roles={"tp": "tensor"})
-    with pytest.raises(ArgumentError, match="mesh_dim_roles=.*not carried by elastic"):
-        init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"), elastic="dp",
-                         mesh_dim_roles={"dp": "replicate"})
+    with pytest.raises(ArgumentError, match="elastic=True: picks the one 'replicate' dim, "
+                       "but no dim has that role. Fix: give exactly one dim"):
+        init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"), elastic=True,
+                         mesh_dim_roles={"tp": "tensor"})
+    with pytest.raises(ArgumentError, match=r"the roles name 2 \('dp', 'tp'\)"):
+        init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"), elastic=True,
+                         mesh_dim_roles={"dp": "replicate", "tp": "replicate"})
     mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
     with pytest.raises(ArgumentError, match="unknown role"):
         mesh.reshape((8,), ("all",), mesh_dim_roles={"all": "everything"})
@@ -426,3 +434,113 @@ def test_views_on_gloo_move_data_and_convert_to_torch(world8):
         assert out["ep_is_cp_tp"] and out["same_root"]
         assert out["torch_cut"] == out["cut"] == [ref_line(array.reshape(4, 2), rank, d)
                                                   for d in (0, 1)]
+
+
+# -- groups made at first use, or at once -------------------------------------------------------
+
+
+def made(mesh):
+    return [mesh.get_group(d).made for d in range(mesh.ndim)]
+
+
+def test_a_views_groups_are_made_at_first_use_and_stay_one_object(fake_world):
+    dense = titan(5, fake_world)
+    world = dist.world.current_world("test")
+    assert made(dense) == [True] * 5 and world.created == 5  # init_device_mesh: at once
+    cut = dense.reshape((4, 32), ("a", "b"))
+    sliced, flat = cut["b"], cut.flatten()
+    assert made(cut) == [False, False] and world.created == 5
+    assert flat.get_group() is world.default_group  # the world's, made with it
+    group = cut.get_group("b")
+    assert sliced.get_group() is group and cut.reshape((4, 32), ("a", "b")).get_group("b") \
+        is group
+    dist.all_reduce(np.zeros(2), group=group)
+    assert made(cut) == [False, True] and world.created == 6
+    assert dense.reshape((4, 32), ("a", "b")).get_group("b") is group  # found, made
+    with pytest.raises(ArgumentError, match=r"send\(\): the 'a' group \[5, 37, 69, 101\] has "
+                       r"no communicator yet.*Fix: make it first on every member"):
+        dist.send(np.zeros(1), 37, group=cut.get_group("a"))
+    assert world.created == 6
+
+
+@pytest.mark.parametrize("how", ["keyword", "environment"])
+def test_eager_groups_makes_every_group_when_its_mesh_is_made(fake_world, monkeypatch, how):
+    fake_world(5, 128)
+    if how == "environment":
+        monkeypatch.setenv("TENSORPLAY_EAGER_GROUPS", "1")
+    dense = init_device_mesh("cpu", TITAN, mesh_dim_names=TITAN_NAMES,
+                             **({"eager_groups": True} if how == "keyword" else {}))
+    cut = dense.reshape((4, 32), ("a", "b"))
+    assert made(cut) == [True, True] and made(cut["a", "b"].flatten()) == [True]
+    assert made(dense.unflatten("tp", (2, 2), ("t0", "t1"))) == [True] * 6
+
+
+def test_eager_groups_false_makes_none_until_first_use(fake_world, monkeypatch):
+    fake_world(5, 128)
+    monkeypatch.setenv("TENSORPLAY_EAGER_GROUPS", "0")
+    dense = init_device_mesh("cpu", TITAN, mesh_dim_names=TITAN_NAMES)
+    assert made(dense) == [False] * 5
+    assert dist.world.current_world("test").created == 0
+    monkeypatch.setenv("TENSORPLAY_EAGER_GROUPS", "yes")
+    with pytest.raises(dist.LaunchEnvError, match="TENSORPLAY_EAGER_GROUPS='yes': expected "
+                       "1 or 0"):
+        init_device_mesh("cpu", TITAN, mesh_dim_names=TITAN_NAMES)
+    with pytest.raises(ArgumentTypeError, match="eager_groups='yes'"):
+        init_device_mesh("cpu", TITAN, mesh_dim_names=TITAN_NAMES, eager_groups="yes")
+
+
+def test_describe_lists_the_communicators_their_sharers_and_the_dims_without_one(fake_world):
+    dense = titan(5, fake_world)
+    dense["cp", "tp"].flatten()
+    expert = dense.reshape((2, 2, -1, 8), ("pp", "dp_replicate", "efsdp", "ep"))
+    text = expert.describe()
+    section = text[text.index("communicators of rank 5"):]
+    assert section.splitlines()[0] == "communicators of rank 5 (6 made in this world)"
+    assert ("[5, 69]                                 fake     'pp' of (pp, dp_replicate, "
+            "dp_shard, cp, tp); 'pp' of (pp, dp_replicate, efsdp, ep)") in section
+    assert section.endswith("not made yet (made at first use): 'ep' [0, 1, 2, 3, 4, 5, 6, 7]")
+    dist.all_reduce(np.zeros(1), group=expert.get_group("ep"))
+    section = expert.describe()[text.index("communicators of rank 5"):]
+    assert "'cp_tp' of (cp_tp); 'ep' of (pp, dp_replicate, efsdp, ep)" in section
+    assert section.endswith("every dim of this mesh has its communicator")
+    assert "communicators of" not in expert.describe(rank=6)  # another rank's: geometry only
+
+
+# -- the five torchtitan views, from outside: numpy's groups, one object per layout -------------
+
+
+SMALL = {"data": ((2, 4, 2, 2), ("pp", "batch", "cp", "tp")),
+         "fsdp": ((2, 2, 2, 2, 2), TITAN_NAMES),
+         "dense": ((2, 2, 4, 2), ("pp", "dp_replicate", "fsdp", "tp")),
+         "expert": ((2, 2, 2, 4), ("pp", "dp_replicate", "efsdp", "ep"))}
+
+
+@pytest.mark.parametrize("rank", range(0, 32, 3))
+def test_every_group_of_five_views_is_numpys_and_coinciding_layouts_are_one_object(
+        fake_world, rank):
+    """torchtitan's five views of a 32-rank world (pp=dp_replicate=dp_shard=cp=tp=2) through
+    the public API only: each group is the line of numpy's reshape of arange(32), the same
+    ordered ranks are the same object across every view (before and after the groups are
+    made), and the loss view (batch x cp flattened) is numpy's too."""
+    fake_world(rank, 32)
+    root = init_device_mesh("cpu", (32,), mesh_dim_names=("world",))
+    views = {name: root.reshape(shape, names) for name, (shape, names) in SMALL.items()}
+    loss = views["data"]["batch", "cp"].flatten("loss")
+    array = np.arange(32)
+    seen: dict[tuple, object] = {}
+    for name, (shape, _) in SMALL.items():
+        check_view(views[name], array, shape, rank)
+        for d in range(len(shape)):
+            group = views[name].get_group(d)
+            assert seen.setdefault(tuple(group.ranks), group) is group, (name, d)
+    pp, _, _, tp = (int(c) for c in np.argwhere(array.reshape(SMALL["data"][0]) == rank)[0])
+    assert loss.get_group().ranks == array.reshape(SMALL["data"][0])[pp, :, :, tp] \
+        .reshape(-1).tolist()
+    assert seen.setdefault(tuple(loss.get_group().ranks), loss.get_group()) is loss.get_group()
+    for group in list(seen.values()):  # made at first use: still the registry's object
+        dist.all_reduce(np.zeros(1), group=group)
+    again = {name: root.reshape(shape, names) for name, (shape, names) in SMALL.items()}
+    for name, (shape, _) in SMALL.items():
+        for d in range(len(shape)):
+            assert again[name].get_group(d) is seen[tuple(again[name].get_group(d).ranks)]
+    assert dist.world.current_world("test").created == len(seen)  # each layout made once

@@ -257,3 +257,56 @@ def test_the_interface_chosen_for_a_world_is_dropped_with_it(monkeypatch):
     finally:
         dist.destroy_process_group()
     assert "GLOO_SOCKET_IFNAME" not in os.environ  # not inherited by what runs next
+
+
+# -- groups made at first use (ranks as threads over the in-memory store) ------------------------
+
+
+def _ep(world):
+    """Rank 0-3's 'ep' group of a world of 6, registered to be made at its first use."""
+    from tensorplay.distributed._mesh_spec import Ranks
+
+    return world.group(Ranks.of(range(4)), kind="'ep'", make=False, use="'ep' of (ep,)")
+
+
+def _first_use(world):
+    """Register the group twice (one object), then reduce over it: its members make it."""
+    import numpy as np
+
+    group = _ep(world)
+    before = (group.made, world.created, _ep(world) is group)
+    x = np.full(1, float(world.rank))
+    group.usable("all_reduce()").all_reduce(x, dist.ReduceOp.SUM, False)
+    return before, (group.made, world.created, float(x[0]), world.uses(group))
+
+
+@pytest.mark.slow  # threads meeting over the store: about 0.6 s on a busy machine
+def test_a_group_made_at_first_use_is_one_object_made_once_by_its_members():
+    from tests.fakes import ThreadRanks
+
+    ranks = ThreadRanks(6)
+    ranks.engine.meets = True  # making it waits for every member, as gloo does
+    out = ranks.run(_first_use, ranks=range(4))
+    for before, after in out[:4]:
+        assert before == (False, 0, True)  # registered, not made, one object
+        assert after == (True, 1, 6.0, ["'ep' of (ep,)"])
+    assert len(ranks.engine.made) == 4  # once per member
+
+
+@pytest.mark.slow  # a 1 s timeout, then the arrival marks settle
+def test_a_group_whose_members_do_not_all_come_to_its_first_use_names_them_in_time():
+    from tests.fakes import ThreadRanks
+
+    ranks = ThreadRanks(6, timeout_s=1.0)
+    ranks.engine.meets = True
+    start = time.monotonic()
+    out = ranks.run(_first_use, ranks=[0, 1, 2])  # rank 3 never reduces over 'ep'
+    elapsed = time.monotonic() - start
+    for rank in (0, 1, 2):
+        err = out[rank]
+        assert isinstance(err, dist.DistributedTimeoutError), out
+        assert err.missing == [3]
+        assert "creating the 'ep' group [0-3] at its first use (all_reduce())" in str(err)
+        assert "rank 3 had not arrived. Fix:" in str(err)
+    assert elapsed < timing.bound(1.0, 5.0)
+    assert ranks.engine.made == []  # nobody holds a half-made group

@@ -32,8 +32,8 @@ met only by call #n elsewhere, see ``_keys``):
 - ``meet_hosts(step)``: every rank's host and pid; returns rank -> pid of this host's ranks;
   ``hosts()``: the world's host map (read on first use); ``known_hosts()``: the map if this
   rank holds it already, without asking (rank 0 does, after meeting the others);
-- ``arrivals(step, name, ranks, n)``: a block (barrier #n of the group ``name``) after which
-  a timeout names the members that never arrived;
+- ``arrivals(step, name, ranks, n)``: a block (barrier #n of the group ``name``; n = 0: the
+  group's making at its first use) after which a timeout names the members that never arrived;
 - ``leave(grace_s)``: this rank is done with the control plane (rank 0, whose process may
   serve the store, lingers until the others are done, at most ``grace_s``).
 """

@@ -33,6 +33,7 @@ from tensorplay.distributed.errors import LaunchEnvError
 
 TENSORPLAY_PROGRESS_S = "TENSORPLAY_PROGRESS_S"
 TENSORPLAY_STRICT = "TENSORPLAY_STRICT"
+TENSORPLAY_EAGER_GROUPS = "TENSORPLAY_EAGER_GROUPS"
 DEFAULT_PROGRESS_S = 30.0
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -445,6 +446,20 @@ def strict_from_env(environ: Mapping[str, str] | None = None) -> bool:
         return True
     raise LaunchEnvError(f"{TENSORPLAY_STRICT}={text!r}: expected 1 or 0. Fix: set "
                          f"{TENSORPLAY_STRICT}=1 to check every collective, or unset it.")
+
+
+def eager_groups_from_env(environ: Mapping[str, str] | None = None) -> bool | None:
+    """TENSORPLAY_EAGER_GROUPS: 1 makes every mesh group at once (views too), 0 none until its
+    first use (init_device_mesh's too); unset (None): a mesh's own groups at once, its views'
+    at first use."""
+    text = _get(_environ(environ), TENSORPLAY_EAGER_GROUPS)
+    if text is None or text == "":
+        return None
+    if text in ("0", "1"):
+        return text == "1"
+    raise LaunchEnvError(f"{TENSORPLAY_EAGER_GROUPS}={text!r}: expected 1 or 0. Fix: set "
+                         f"{TENSORPLAY_EAGER_GROUPS}=1 to make every group when its mesh is "
+                         "made, 0 to make each at its first use, or unset it.")
 
 
 def _seconds(environ: Mapping[str, str] | None, name: str, default: float, example: str,

@@ -6,7 +6,10 @@ the elastic layer (``elastic.mesh.ElasticMesh``) subclasses it.
 On a (2, 4) mesh named ("dp", "tp"), rank 5 is at (1, 1); its "tp" group is [4, 5, 6, 7] and
 its "dp" group is [1, 5]. A mesh is a value: slicing, flattening and unflattening return new
 meshes and change nothing else. Groups live in the world's registry, keyed by their ordered
-ranks and backend, and are made eagerly, dimension by dimension, by their members only.
+ranks and backend, and are made by their members only: a mesh's own groups when it is made
+(``init_device_mesh``, ``DeviceMesh(...)``), dimension by dimension; the groups of the meshes
+made from it (``reshape``, ``flatten``, ``unflatten``; slices reuse their parent's) at their
+first use, a collective or ``engine_group`` or ``to_torch()`` (``eager_groups``, below).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import _env
 from . import _mesh_args as args
 from . import backends as _registry
 from ._consensus import agree
@@ -53,7 +57,8 @@ class DeviceMesh:
     root and backends) compare and hash equal.
     """
 
-    __slots__ = ("_world", "_device_type", "_spec", "_root", "_backends", "_groups", "_roles")
+    __slots__ = ("_world", "_device_type", "_spec", "_root", "_backends", "_groups", "_roles",
+                 "_eager")
     _world: World
     _device_type: str
     _spec: MeshSpec
@@ -61,6 +66,7 @@ class DeviceMesh:
     _backends: tuple[str, ...]
     _groups: tuple[ProcessGroup, ...]
     _roles: Roles
+    _eager: bool  # the meshes made from this one make their groups at once
 
     def __init__(
         self,
@@ -77,29 +83,32 @@ class DeviceMesh:
         default = _default(world, device)
         backends = args.backend_override(backend_override, names, len(shape), default)
         spec = MeshSpec.from_ranks(shape, ranks, names)
+        own, views = eagerness(None)
         agree(world, "DeviceMesh()", {
             "device_type": device, "mesh": ranks, "shape": shape, "mesh_dim_names": names,
-            "backend_override": backends,
+            "backend_override": backends, "eager_groups": [own, views],
         })
         world.engine.use_device(device)
-        self._set(world, device, spec, spec, backends, _make_groups(world, spec, backends))
+        self._set(world, device, spec, spec, backends, _make_groups(world, spec, backends, own),
+                  eager=views)
 
     def _set(self, world: World, device: str, spec: MeshSpec, root: MeshSpec,
              backends: tuple[str, ...], groups: tuple[ProcessGroup, ...],
-             roles: Roles | None = None) -> None:
+             roles: Roles | None = None, eager: bool = False) -> None:
         """Fill the fields, once: ``groups`` holds this rank's group per dim, () outside;
-        ``roles`` one role (or None) per dim."""
+        ``roles`` one role (or None) per dim; ``eager``: the meshes made from this one make
+        their groups at once (else at first use)."""
         values = (world, device, spec, root, backends, groups,
-                  tuple(roles) if roles is not None else (None,) * spec.ndim)
+                  tuple(roles) if roles is not None else (None,) * spec.ndim, eager)
         for name, value in zip(DeviceMesh.__slots__, values, strict=True):
             object.__setattr__(self, name, value)
 
     @classmethod
     def _make(cls, world: World, device: str, spec: MeshSpec, root: MeshSpec,
               backends: tuple[str, ...], groups: tuple[ProcessGroup, ...],
-              roles: Roles | None = None) -> DeviceMesh:
+              roles: Roles | None = None, eager: bool = False) -> DeviceMesh:
         mesh = object.__new__(cls)
-        mesh._set(world, device, spec, root, backends, groups, roles)
+        mesh._set(world, device, spec, root, backends, groups, roles, eager)
         return mesh
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -267,14 +276,32 @@ class DeviceMesh:
 
         On a (2, 4) ("dp", "tp") mesh over 2 hosts, rank 5 is at (1, 1), its "tp" group is
         [4, 5, 6, 7] (1 host) and its "dp" group [1, 5] (2 hosts); all 4 "dp" groups cross.
+        For this process's rank it ends with the communicators the rank holds in its world,
+        the mesh dims that share each, and the dims of this mesh whose group is not made yet.
         """
         from ._describe import describe
 
         self._alive("describe()")
-        return describe(self._spec, self._world.rank if rank is None else rank,
+        text = describe(self._spec, self._world.rank if rank is None else rank,
                         host_of=self.host_of() if host_of is None else host_of,
                         device_type=self._device_type, backends=self._backends,
                         roles=self._roles if any(self._roles) else None)
+        if rank is not None and rank != self._world.rank or not self._groups:
+            return text
+        return text + "\n\n" + self._communicators()
+
+    def _communicators(self) -> str:
+        """describe()'s last section: the communicators this rank holds in its world, which
+        mesh dims share each, and this mesh's dims whose group is not made yet."""
+        from ._describe import communicators
+
+        world = self._world
+        made = [(g.rank_seq, g.backend, world.uses(g)) for g in world.groups()
+                if g.is_member and g.made and not g.retired]
+        names = self.mesh_dim_names or tuple(str(d) for d in range(self.ndim))
+        waiting = [(repr(n), g.rank_seq) for n, g in zip(names, self._groups, strict=True)
+                   if not g.made]
+        return communicators(world.rank, made, waiting)
 
     def plot(self, path, dim: int | str | None = None, rank: int | None = None, host_of=None):
         """Draw the mesh to ``path`` (.png or .svg; needs matplotlib): cells coloured by host,
@@ -322,10 +349,11 @@ class DeviceMesh:
             groups.append(found)
         spec = MeshSpec(spec.layout, wanted if self.mesh_dim_names else None, spec.table)
         return DeviceMesh._make(self._world, self._device_type, spec, self._root, backends,
-                                tuple(groups), roles)
+                                tuple(groups), roles, self._eager)
 
     def flatten(self, name: str | None = None) -> DeviceMesh:
-        """Merge every dim into one, with one new group; name defaults to 'a_b_c'.
+        """Merge every dim into one, with one new group (made at its first use, or now with
+        eager_groups); name defaults to 'a_b_c'.
 
         ``mesh["dp", "cp"].flatten()`` makes "dp_cp", which then slices the root mesh too.
         """
@@ -351,12 +379,12 @@ class DeviceMesh:
                                    "device_type": self._device_type})
         spec = self._spec.flatten(name)
         backends = (self._backends[0],)
-        groups = _make_groups(world, spec, backends)
+        groups = _make_groups(world, spec, backends, self._eager)
         if registers:
             assert name is not None and self.mesh_dim_names is not None  # registers says so
             world.register_flatten(self._root_key(), name, self.mesh_dim_names)
         return DeviceMesh._make(world, self._device_type, spec, self._root, backends, groups,
-                                (merged_role(self._roles),))
+                                (merged_role(self._roles),), self._eager)
 
     def _flatten(self, mesh_dim_name: str | None = None) -> DeviceMesh:
         """PyTorch's spelling of flatten()."""
@@ -370,9 +398,10 @@ class DeviceMesh:
         The view belongs to this mesh's root (slices, ``flatten``, ``describe``, ``to_torch``
         work on it). A view dim whose groups equal a dim of this mesh (same ordered ranks)
         takes that dim's backend and so reuses its groups from the world's registry; only new
-        groups are made. ``shared`` names dims (present in both) that must have the same
-        groups, checked geometrically (no communication); a view dim keeps the role of the
-        dim of its name when their groups agree, and ``mesh_dim_roles`` sets others.
+        groups are made, at their first use (now with eager_groups). ``shared`` names dims
+        (present in both) that must have the same groups, checked geometrically (no
+        communication); a view dim keeps the role of the dim of its name when their groups
+        agree, and ``mesh_dim_roles`` sets others.
 
         The MoE expert view of a (pp, dp_replicate, dp_shard, cp, tp) mesh of 128 ranks:
         ``dense.reshape((2, 2, -1, 8), ("pp", "dp_replicate", "efsdp", "ep"),
@@ -412,14 +441,15 @@ class DeviceMesh:
         agree(self._world, "reshape()", {
             "shape": sizes, "mesh_dim_names": names, "shared": wanted, "mesh_dim_roles": roles,
             "of": [self.shape, self.mesh_dim_names], "device_type": self._device_type})
-        groups = _make_groups(self._world, spec, backends)
+        groups = _make_groups(self._world, spec, backends, self._eager)
         return DeviceMesh._make(self._world, self._device_type, spec, self._root, backends,
-                                groups, tuple(roles))
+                                groups, tuple(roles), self._eager)
 
     def unflatten(
         self, dim: int | str, sizes: Sequence[int], names: Sequence[str] | None = None
     ) -> DeviceMesh:
-        """Split ``dim`` into dims of ``sizes``; only the new groups are created.
+        """Split ``dim`` into dims of ``sizes``; only the new groups are created (at their
+        first use, or now with eager_groups).
 
         On a 1-d mesh "dp" of 8, unflatten("dp", (2, 4), ("replicate", "shard")) gives a
         (2, 4) mesh whose "shard" group through rank 5 is [4, 5, 6, 7].
@@ -447,10 +477,10 @@ class DeviceMesh:
                                            "shape": self.shape, "device_type": self._device_type})
         backends = self._backends[:d] + (self._backends[d],) * len(new_sizes) + \
             self._backends[d + 1:]
-        groups = _make_groups(self._world, spec, backends)
+        groups = _make_groups(self._world, spec, backends, self._eager)
         roles = self._roles[:d] + (None,) * len(new_sizes) + self._roles[d + 1:]
         return DeviceMesh._make(self._world, self._device_type, spec, spec, backends, groups,
-                                roles)
+                                roles, self._eager)
 
     @classmethod
     def from_group(
@@ -489,14 +519,17 @@ class DeviceMesh:
     def to_torch(self) -> Any:
         """This mesh as torch's DeviceMesh, for DTensor, tensor parallelism and FSDP2.
 
-        It runs on this mesh's own groups and creates none; equal meshes give the same object
-        (made once per world). A slice or flatten gives the matching slice of its root's torch
-        mesh, so both come from one root, as FSDP2 with TP requires: on a (2, 4) ("dp", "tp")
-        mesh, ``mesh["tp"].to_torch() == mesh.to_torch()["tp"]``, and on rank 5 its group is
+        It runs on this mesh's own groups and creates no other; those still waiting for
+        their first use (a view's, a flatten's) are made now, with its root's and the root's
+        registered flattens, by every rank at this same call (torch's mesh holds engine
+        groups). Equal meshes give the same object (made once per world). A slice or flatten
+        gives the matching slice of its root's torch mesh, so both come from one root, as
+        FSDP2 with TP requires: on a (2, 4) ("dp", "tp") mesh, ``mesh["tp"].to_torch() ==
+        mesh.to_torch()["tp"]``, and on rank 5 its group is
         ``mesh.get_group("tp").engine_group`` ([4, 5, 6, 7]). Outside a subset mesh it is
-        torch's mesh without groups (get_coordinate() None), as torch's own is there. Flattened
-        names of the root ("dp_cp") are known to the torch root too. Raises BackendError in a
-        simulated world, or when the installed torch lacks what it needs.
+        torch's mesh without groups (get_coordinate() None), as torch's own is there.
+        Flattened names of the root ("dp_cp") are known to the torch root too. Raises
+        BackendError in a simulated world, or when the installed torch lacks what it needs.
         """
         self._alive("to_torch()")
         _native_meshes(self._world, adopting=False)  # before any group is made
@@ -526,7 +559,7 @@ class DeviceMesh:
             view = MeshView(self._device_type, self.mesh_dim_names, groups,
                             ranks=self._spec.array())
             return engine.to_native_mesh(view, None)
-        root = self._root_mesh(dims)
+        root = self._root_on_groups(dims)
         names, flatten_of = self.mesh_dim_names, None
         if names and len(dims) == 1:  # a flatten the root answers to, by this name?
             merged = self._flattened_dims(names[0])
@@ -544,7 +577,7 @@ class DeviceMesh:
             return None
         return tuple(root_names.index(n) for n in merged)
 
-    def _root_mesh(self, dims: tuple[tuple[int, ...], ...]) -> DeviceMesh:
+    def _root_on_groups(self, dims: tuple[tuple[int, ...], ...]) -> DeviceMesh:
         """The root this mesh was sliced or flattened from, on its groups in the world's
         registry: the backend of a dim this mesh keeps is this mesh's, the default elsewhere."""
         backends = [_default(self._world, self._device_type)] * self._root.ndim
@@ -612,7 +645,7 @@ class DeviceMesh:
 
     def __reduce__(self):
         return _unpickle, (self._device_type, self._spec, self._root, self._backends,
-                           self._roles)
+                           self._roles, self._eager)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _alive(self, what: str) -> None:
@@ -711,9 +744,26 @@ def _default(world: World, device: str) -> str:
     return world.engine.backend_for_device(device, world.backend)
 
 
-def _make_groups(world: World, spec: MeshSpec, backends: Sequence[str]
+def eagerness(given: object) -> tuple[bool, bool]:
+    """``init_device_mesh(..., eager_groups=given)`` -> (make the mesh's own groups now, make
+    the groups of the meshes made from it when they are made): True -> (True, True), False ->
+    (False, False), None -> ``TENSORPLAY_EAGER_GROUPS`` (1, 0), else (True, False): a mesh's
+    own groups at init, as torch's init_device_mesh; its views' at first use."""
+    if given is None:
+        given = _env.eager_groups_from_env()
+    if given is None:
+        return True, False
+    if not isinstance(given, bool):
+        raise bad_type("eager_groups", given, "bool or None",
+                       "pass eager_groups=True to make every group when its mesh is made")
+    return given, given
+
+
+def _make_groups(world: World, spec: MeshSpec, backends: Sequence[str], make: bool = True
                  ) -> tuple[ProcessGroup, ...]:
     """This rank's group along each dim, in dim order; () when the mesh does not hold it.
+    ``make``: engine groups not made yet are made now, in dim order; else each at its first
+    use (a collective, ``engine_group``), by its members.
 
     A group's errors name it by its dim: "the 'dp' group [1, 5]"; a group this call creates
     is described to the engine as torch describes its own meshes' groups: "mesh_dp" ("mesh_dp_cp"
@@ -722,13 +772,16 @@ def _make_groups(world: World, spec: MeshSpec, backends: Sequence[str]
     if spec.coordinate_of(world.rank) is None:
         return ()
     groups = []
+    of = "(" + ", ".join(spec.names) + ")" if spec.names else f"a {spec.shape} mesh"
     for d in range(spec.ndim):
         name = spec.names[d] if spec.names else str(d)
         desc = f"mesh_{spec.names[d]}" if spec.names else f"mesh_dim_{d}"
         line = spec.line(world.rank, d)
+        use = f"{name!r} of {of}" if spec.names else f"dim {d} of {of}"
         # repr(line) costs O(1) (a long group shows as its ends and size): this runs per dim
         with named_failures(world, f"creating the group of mesh dim {name!r} ({line!r})"):
-            groups.append(world.group(line, backends[d], repr(name), desc))
+            groups.append(world.group(line, backends[d], repr(name), desc, make=make,
+                                      use=use))
     return tuple(groups)
 
 
@@ -841,11 +894,12 @@ def _check_lines(world: World, spec: MeshSpec, groups: Sequence[ProcessGroup],
 
 
 def _unpickle(device: str, spec: MeshSpec, root: MeshSpec, backends: tuple[str, ...],
-              roles: Roles | None = None):
-    """Rebuild a pickled mesh in the current world, reusing (or making) its groups."""
+              roles: Roles | None = None, eager: bool = False):
+    """Rebuild a pickled mesh in the current world, reusing its groups, or registering them
+    to be made at first use (at once when its mesh made its views' groups so)."""
     world = current_world("unpickling a DeviceMesh")
     return DeviceMesh._make(world, device, spec, root, backends,
-                            _make_groups(world, spec, backends), roles)
+                            _make_groups(world, spec, backends, eager), roles, eager)
 
 
 def _laid_out(world: World, device: str, shape: tuple[int, ...], names: tuple[str, ...] | None,

@@ -157,14 +157,28 @@ def mesh_dim(value: object, names: tuple[str, ...] | None, ndim: int, arg: str =
 
 
 def elastic(value: object, minimum: object, names: tuple[str, ...] | None,
-            shape: tuple[int, ...]) -> tuple[int, int] | None:
+            shape: tuple[int, ...], roles: Sequence[str | None] | None = None
+            ) -> tuple[int, int] | None:
     """(dim index, minimum) of init_device_mesh's ``elastic`` and ``elastic_min``; None when
-    the mesh is not elastic. The minimum counts slices of that dim: 1..its size."""
-    if value is None:
+    the mesh is not elastic. The minimum counts slices of that dim: 1..its size.
+    ``elastic=True`` picks the one dim whose role is "replicate": on (2, 4) ("dp", "tp") with
+    roles {"dp": "replicate", "tp": "tensor"}, dim 0."""
+    if value is None or value is False:
         if minimum != 1:
             raise bad_argument("elastic_min", minimum, "is set but elastic is not",
                                "pass elastic='dp' (the replica dim) too, or drop elastic_min")
         return None
+    if value is True:
+        replicate = [d for d, role in enumerate(roles or ()) if role == "replicate"]
+        if len(replicate) != 1:
+            named = [names[d] if names else str(d) for d in replicate]
+            problem = (f"picks the one 'replicate' dim, but the roles name {len(named)} "
+                       f"({', '.join(map(repr, named))})" if named else
+                       "picks the one 'replicate' dim, but no dim has that role")
+            raise bad_argument("elastic", value, problem,
+                               "give exactly one dim the role 'replicate' in mesh_dim_roles, "
+                               "or name the elastic dim: elastic='dp'")
+        value = replicate[0]
     dim = mesh_dim(value, names, len(shape), "elastic")
     least = check_int("elastic_min", minimum, "pass e.g. elastic_min=1")
     if not 1 <= least <= shape[dim]:

@@ -1,11 +1,13 @@
-"""The groups of one epoch: made once, found by their ordered ranks and backend.
+"""The groups of one epoch: registered once, found by their ordered ranks and backend.
 
 A world holds one ``GroupRegistry`` per epoch and swaps it whole when the epoch changes
 (``World.open_epoch``): nothing of an old epoch is found again. On a (2, 4) mesh ("dp", "tp")
 of epoch 0, rank 5's registry holds the world group, the "dp" group [1, 5] and the "tp" group
 [4, 5, 6, 7], keyed by (ranks, backend); a second mesh over the same world finds them there
-instead of making new ones. Beside the groups it keeps what is derived from them in this
-epoch: the flattened dim names of each root mesh and the engine's own meshes (torch's
+instead of making new ones (a group of a view may wait for its first use to have its engine
+group made: ``World.group``). Beside the groups it keeps which mesh dims asked for each
+("'ep' of (pp, dp_replicate, efsdp, ep)", for ``describe()``) and what is derived from them in
+this epoch: the flattened dim names of each root mesh and the engine's own meshes (torch's
 DeviceMesh) made over them.
 """
 
@@ -27,6 +29,7 @@ class GroupRegistry:
         self.epoch = epoch
         self.created = 0  # groups this rank helped create (not counting the world's)
         self._groups: dict[tuple, ProcessGroup] = {}
+        self._uses: dict[tuple, list[str]] = {}  # key -> the mesh dims that asked for it
         self._flattened: dict[tuple, dict[str, tuple]] = {}
         self._native: dict[Hashable, Any] = {}
 
@@ -38,6 +41,17 @@ class GroupRegistry:
         """Register ``group`` under ``key`` and return it."""
         self._groups[key] = group
         return group
+
+    def note_use(self, key: tuple, use: str) -> None:
+        """Remember that ``use`` (a mesh dim: "'ep' of (pp, dp_replicate, efsdp, ep)") asked
+        for the group under ``key``; each use once, in order."""
+        uses = self._uses.setdefault(key, [])
+        if use not in uses:
+            uses.append(use)
+
+    def uses(self, key: tuple) -> list[str]:
+        """The uses noted for the group under ``key``, oldest first."""
+        return list(self._uses.get(key, ()))
 
     def groups(self) -> list[ProcessGroup]:
         """Every group of this epoch, the world group included."""
@@ -87,4 +101,5 @@ class GroupRegistry:
         for group in self._groups.values():
             group.release()
         self._groups.clear()
+        self._uses.clear()
         self._native.clear()

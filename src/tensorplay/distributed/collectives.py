@@ -142,14 +142,14 @@ def send(tensor: Any, dst: int, group: ProcessGroup | None = None) -> None:
     """Send ``tensor`` to global rank ``dst`` (blocking)."""
     pg = resolve_group(group, "send()")
     dst = _rank_arg("dst", dst, pg)
-    pg.usable("send()").send(tensor, dst)  # point to point: not counted per group
+    pg.usable("send()", make=False).send(tensor, dst)  # point to point: not counted per group
 
 
 def recv(tensor: Any, src: int, group: ProcessGroup | None = None) -> int:
     """Receive into ``tensor`` from global rank ``src`` (blocking); returns ``src``."""
     pg = resolve_group(group, "recv()")
     src = _rank_arg("src", src, pg)
-    pg.usable("recv()").recv(tensor, src)
+    pg.usable("recv()", make=False).recv(tensor, src)
     return src
 
 

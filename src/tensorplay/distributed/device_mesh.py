@@ -13,7 +13,7 @@ from typing import Any
 
 from . import _mesh_args as args
 from ._consensus import agree
-from ._mesh import DeviceMesh, _default, _laid_out, _make_groups
+from ._mesh import DeviceMesh, _default, _laid_out, _make_groups, eagerness
 from ._roles import dim_roles
 from .elastic import mesh as elastic_mesh
 from .elastic.mesh import sync_replicas
@@ -30,13 +30,15 @@ def init_device_mesh(
     mesh_dim_names: Sequence[str] | None = None,
     backend_override: Any = None,
     host_aware: bool = False,
-    elastic: int | str | None = None,
+    elastic: int | str | bool | None = None,
     elastic_min: int = 1,
     mesh_dim_roles: Any = None,
+    eager_groups: bool | None = None,
 ) -> DeviceMesh:
     """Build a mesh of ``mesh_shape`` over the whole world, ranks filling it row-major.
 
-    elastic="dp" (a dim whose slices are replicas) makes the mesh survive lost ranks:
+    elastic="dp" (a dim whose slices are replicas; True: the one dim whose role is "replicate"
+    in mesh_dim_roles) makes the mesh survive lost ranks:
     ``mesh.recover(err)`` removes the slices that held one (never below ``elastic_min``
     slices), ``mesh.grow()`` puts them back when their ranks are there again. A rank that
     tensorplay-run restarted (--max-restarts) waits here until the members admit it, and gets
@@ -53,6 +55,13 @@ def init_device_mesh(
     ``_roles.ROLES``); slices, flatten and reshape carry them, describe() shows them and
     ``mesh.abstract`` (names, sizes, roles) identifies the mesh without its ranks.
 
+    eager_groups: when communicators are made. By default (None, and
+    ``TENSORPLAY_EAGER_GROUPS`` unset) the mesh's own groups are made here, as torch's
+    init_device_mesh makes them, and the groups of the meshes made from it (``reshape``,
+    ``flatten``, ``unflatten``) at their first use: a collective, ``engine_group`` or
+    ``to_torch()``, by every member at that same call. True (or ``TENSORPLAY_EAGER_GROUPS=1``)
+    makes every group when its mesh is made; False (``=0``) none before its first use.
+
     The mesh is described by shape and strides, so building it and answering queries costs
     O(ndim), whatever the world size.
     """
@@ -65,22 +74,19 @@ def init_device_mesh(
         raise bad_argument("host_aware", host_aware, "must be True or False",
                            "pass host_aware=True to order ranks host by host")
     roles = dim_roles(mesh_dim_roles, names, len(shape))
-    replicas = args.elastic(elastic, elastic_min, names, shape)
-    if replicas is not None and roles is not None:
-        raise bad_argument("mesh_dim_roles", mesh_dim_roles, "is not carried by elastic "
-                           "meshes yet (recover() and grow() rebuild them without roles)",
-                           "drop mesh_dim_roles with elastic=, or build a static mesh")
+    own, views = eagerness(eager_groups)
+    replicas = args.elastic(elastic, elastic_min, names, shape, roles)
     if replicas is not None:
         return elastic_mesh.init(world, device, shape, names, backends, host_aware, replicas,
-                                 given=elastic)
+                                 given=elastic, roles=roles, eager=(own, views))
     agree(world, "init_device_mesh()", {
         "device_type": device, "mesh_shape": shape, "mesh_dim_names": names,
         "backend_override": backends, "host_aware": host_aware, "elastic": None,
-        "mesh_dim_roles": roles,
+        "mesh_dim_roles": roles, "eager_groups": [own, views],
     })
     spec = _laid_out(world, device, shape, names, host_aware)
     return DeviceMesh._make(world, device, spec, spec, backends,
-                            _make_groups(world, spec, backends), roles)
+                            _make_groups(world, spec, backends, own), roles, views)
 
 
 if __name__ == "__main__":  # the planning command's old spelling, kept working

@@ -4,6 +4,13 @@ A ProcessGroup knows its global ranks in group order, this process's rank in it,
 the engine's own group object (hand ``group.engine_group`` to torch's DDP or FSDP) and the
 collectives bound to it (``ops``, from the engine). The world keeps one registry of groups
 (``world.World``), so a rank set is made into a group once per backend and epoch.
+
+A group may exist before its engine group does (a mesh view's groups are made at first use):
+then ``made`` is False and the first collective, ``engine_group`` or ``usable()`` on a member
+runs the world's maker once; the object stays the same, so ``view.get_group("ep") is
+cp_tp.get_group()`` holds before and after. On the (2, 2, 4, 2, 4) torchtitan mesh of 128
+ranks, the expert view's "efsdp" group through rank 5, [5, 13, 21, 29], is a ProcessGroup at
+once and a communicator only when rank 5 and its three peers first reduce over it.
 """
 
 from __future__ import annotations
@@ -14,7 +21,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._mesh_spec import Ranks
-from .errors import NotAMemberError, NotInitializedError, StaleEpochError, format_ranks
+from .errors import (
+    ArgumentError,
+    NotAMemberError,
+    NotInitializedError,
+    StaleEpochError,
+    format_ranks,
+)
 
 if TYPE_CHECKING:
     from ._engine import GroupOps
@@ -84,6 +97,9 @@ class ProcessGroup:
         # this rank cannot use the group (usable() then says why)
         self.ops: GroupOps | None = None
         self.calls = 0  # collectives this rank made on the group (_accounting compares them)
+        # set by the world on a member whose engine group is not made yet: makes it (given
+        # the call that needs it), binds ``ops`` and clears itself
+        self.maker: Callable[[str], None] | None = None
 
     def size(self) -> int:
         """Number of ranks in the group."""
@@ -121,8 +137,22 @@ class ProcessGroup:
 
     @property
     def engine_group(self) -> Any:
-        """The engine's own group object (a torch ProcessGroup); None in a fake world, on a
-        non-member, and once the world is destroyed."""
+        """The engine's own group object (a torch ProcessGroup), made now if it was not yet
+        (every member must ask at the same point, as for a collective); None in a fake world,
+        on a non-member, and once the world is destroyed or the group's epoch is over."""
+        if self.maker is not None and not (self._released or self._retired):
+            self.maker("engine_group")
+        return self._engine_group
+
+    @property
+    def made(self) -> bool:
+        """Whether this rank's engine group exists (always True on a non-member, which has
+        none to make); False for a view's group not used yet."""
+        return self.maker is None
+
+    def made_engine_group(self) -> Any:
+        """The engine group if it is made, else None; never makes it (for the threads that
+        break or close groups)."""
         return self._engine_group
 
     @property
@@ -137,6 +167,10 @@ class ProcessGroup:
     def group_rank(self, global_rank: int) -> int | None:
         """Group rank of a global rank, None when not a member."""
         return self._ranks.index(global_rank)
+
+    def bind(self, engine_group: Any, ops: GroupOps) -> None:
+        """The engine group is made: keep it and its collectives (``ops``)."""
+        self._engine_group, self.ops, self.maker = engine_group, ops, None
 
     def release(self) -> None:
         """Let go of the engine group (its world was destroyed); later use raises."""
@@ -156,10 +190,23 @@ class ProcessGroup:
         """Whether the group's epoch is over (an elastic mesh recovered or grew)."""
         return bool(self._retired)
 
-    def usable(self, what: str) -> GroupOps:
-        """The group's collectives, or the error saying why this rank cannot use them."""
+    def usable(self, what: str, make: bool = True) -> GroupOps:
+        """The group's collectives, or the error saying why this rank cannot use them. A group
+        not made yet is made now, by every member at this same call; with ``make=False``
+        (point to point: the other members do not come) that is an ArgumentError instead."""
         if self.ops is not None:
             return self.ops
+        if self.maker is not None and not (self._released or self._retired):
+            if not make:
+                raise ArgumentError(
+                    f"{what}: {self.label} has no communicator yet, and a send or receive "
+                    "cannot make it (its other members do not come). Fix: make it first on "
+                    "every member with a collective (barrier(group=...)) or by reading "
+                    "group.engine_group, or build the mesh with init_device_mesh(..., "
+                    "eager_groups=True).")
+            self.maker(what)
+            if self.ops is not None:
+                return self.ops
         if self._retired:
             raise StaleEpochError(
                 f"{what}: {self.label} {self._retired}. Fix: use the groups of the mesh that "

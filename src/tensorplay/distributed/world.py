@@ -8,6 +8,7 @@ epoch (``_keys.Spmd``), and the registry of groups, reached through World's meth
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import threading
@@ -100,29 +101,52 @@ class World:
         return self._registry.find((ranks.key(), backend or self.backend))
 
     def group(self, ranks: Ranks, backend: str | None = None, kind: str = "",
-              desc: str = "") -> ProcessGroup:
-        """The group of ``ranks`` on ``backend``: reused when registered, else created.
+              desc: str = "", *, make: bool = True, use: str = "") -> ProcessGroup:
+        """The group of ``ranks`` on ``backend``: reused when registered, else registered now.
 
-        Only members create the engine group; a non-member gets a ProcessGroup with rank -1.
-        ``kind`` names it in errors ("'dp'" gives "the 'dp' group [1, 5]"); ``desc`` is the
-        engine group's description when this call creates it (torch's ``group_desc``:
+        Only members make the engine group: now when ``make`` (then also one registered
+        earlier but not made yet), else at the group's first use (``ProcessGroup.maker``: a
+        collective, ``engine_group``), by every member at that same call. A non-member gets
+        a ProcessGroup with rank -1. ``kind`` names it in errors ("'dp'" gives "the 'dp'
+        group [1, 5]"); ``desc`` is the engine group's description (torch's ``group_desc``:
         "mesh_dp" for a mesh dim, as torch's own meshes name theirs), else the words of
-        ``kind``.
+        ``kind``; ``use`` says which mesh dim asked ("'ep' of (pp, dp_replicate, efsdp, ep)"),
+        listed by ``communicators()``.
         """
         backend = backend or self.backend
-        found = self._registry.find((ranks.key(), backend))
-        if found is not None:
-            return found
-        name = group_name(ranks, backend, self.spmd.epoch)
-        engine_group = None
-        if ranks.index(self.rank) is not None:
-            what = f"mesh dim {kind}" if kind.startswith("'") else (kind or "new_group")
-            engine_group = unless_told(
-                lambda: f"creating the group [{format_ranks(ranks.tolist())}] ({what})", self,
-                backend, lambda: self.engine.new_group(name, ranks, backend, self.timeout,
-                                                       desc or what))
-            self._registry.created += 1
-        return self._register(ranks, backend, name, engine_group, kind)
+        key = (ranks.key(), backend)
+        group = self._registry.find(key)
+        if group is None:
+            name = group_name(ranks, backend, self.spmd.epoch)
+            group = self._register(ranks, backend, name, None, kind, bound=False)
+            if group.is_member:
+                what = f"mesh dim {kind}" if kind.startswith("'") else (kind or "new_group")
+                group.maker = functools.partial(self._make_later, group, desc or what)
+        if use:
+            self._registry.note_use(key, use)
+        if make and group.maker is not None and not group.retired:
+            self._make(group, desc or kind or "new_group")
+        return group
+
+    def _make(self, group: ProcessGroup, desc: str) -> None:
+        """Make ``group``'s engine group on this member (the others make it at the same
+        point) and bind its collectives."""
+        ranks, backend = group.rank_seq, group.backend
+        what = desc if not desc.startswith("mesh_") else f"mesh dim {desc[5:]!r}"
+        engine_group = unless_told(
+            lambda: f"creating the group [{format_ranks(ranks.tolist())}] ({what})", self,
+            backend, lambda: self.engine.new_group(group.name, ranks, backend, self.timeout,
+                                                   desc))
+        self._registry.created += 1
+        group.bind(engine_group, self._ops(group, engine_group))  # clears group.maker
+
+    def _make_later(self, group: ProcessGroup, desc: str, call: str) -> None:
+        """The engine group of a group made at first use: by its members at ``call``; a
+        timeout names the members that never came to it (arrival marks, as a barrier's)."""
+        step = f"creating {group.label} at its first use ({call})"
+        with self.control.arrivals(step, group.name, group.ranks, 0), \
+                named_failures(self, step):
+            self._make(group, desc)
 
     def adopt(self, obj: object) -> ProcessGroup | None:
         """Our group for an engine group made outside the package (torch's new_group, say);
@@ -136,14 +160,20 @@ class World:
             ranks, backend, f"adopted-{group_name(ranks, backend, self.spmd.epoch)}", obj, "")
 
     def _register(self, ranks: Ranks, backend: str, name: str, engine_group: Any,
-                  kind: str) -> ProcessGroup:
+                  kind: str, bound: bool = True) -> ProcessGroup:
+        """A new group in the registry; ``bound``: its engine group is ``engine_group``
+        already (else the caller makes it)."""
         group = ProcessGroup(ranks, self.rank, backend, name, engine_group, kind=kind)
-        if group.is_member:
-            group.ops = self.engine.ops(
-                engine_group, group, lambda err, what: collective_error(self, err, what, group))
-            if self.strict and not self.simulated:
-                group.ops = StrictOps(group.ops, group)
+        if group.is_member and bound:
+            group.bind(engine_group, self._ops(group, engine_group))
         return self._registry.add((ranks.key(), backend), group)
+
+    def _ops(self, group: ProcessGroup, engine_group: Any) -> Any:
+        """The engine's collectives of ``group`` on a member (strict mode's wrapper around
+        them when on)."""
+        ops = self.engine.ops(
+            engine_group, group, lambda err, what: collective_error(self, err, what, group))
+        return StrictOps(ops, group) if self.strict and not self.simulated else ops
 
     def layer(self, name: str, make: Callable[[], T]) -> T:
         """The state a layer over the core keeps in this world under ``name``, made by
@@ -177,6 +207,12 @@ class World:
         """Every group of the current epoch, the world group included."""
         return self._registry.groups()
 
+    def uses(self, group: ProcessGroup) -> list[str]:
+        """The mesh dims that asked for ``group`` in this epoch, in order ("'ep' of (pp,
+        dp_replicate, efsdp, ep)"); the world group's is "the world"."""
+        uses = self._registry.uses((group.rank_seq.key(), group.backend))
+        return ["the world", *uses] if group is self.default_group else uses
+
     def group_count(self) -> int:
         """How many groups the current epoch holds, the world group included."""
         return len(self._registry.groups())
@@ -204,7 +240,7 @@ class World:
         if not isinstance(engine, Severable):
             return
         for group in self._registry.groups():
-            engine_group = group.engine_group
+            engine_group = group.made_engine_group()  # a group not made has nothing to break
             if (self.spmd.epoch == epoch and engine_group is not None and not group.retired
                     and group is not self.default_group):
                 with suppress(Exception):

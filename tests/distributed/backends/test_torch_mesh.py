@@ -54,6 +54,8 @@ def _sums(tm) -> list[int]:
 
 def convert_job(rank: int, name: str):
     mesh = MESHES[name]()
+    if mesh.get_coordinate() is not None:  # an unflatten's groups: made at first use, here
+        assert all(g.engine_group is not None for g in mesh.get_all_groups())
     before = _counts()
     tm = mesh.to_torch()
     slices = {n: mesh[n].to_torch() for n in mesh.mesh_dim_names or ()
@@ -113,6 +115,7 @@ def flatten_job(rank: int):
     mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))
     tm = mesh.to_torch()  # before the flatten: the root learns of it afterwards
     flat = mesh["pp", "dp"].flatten()
+    assert flat.get_group().engine_group is not None  # made at first use: here, not below
     before = _counts()
     ft = flat.to_torch()
     with warnings.catch_warnings():  # torch: slicing a flattened dim from the root is deprecated

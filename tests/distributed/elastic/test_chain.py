@@ -179,3 +179,41 @@ def test_a_mesh_made_without_elastic_cannot_recover(fake8):
         mesh.recover(RuntimeError("x"))
     with pytest.raises(ArgumentError, match="is not elastic, so grow"):
         mesh.grow()
+
+
+def test_elastic_true_picks_the_one_replicate_dim():
+    from tensorplay.distributed import _mesh_args
+
+    roles = ("pipeline", "replicate", "tensor")
+    assert _mesh_args.elastic(True, 1, ("pp", "dp", "tp"), (2, 2, 2), roles) == (1, 1)
+    assert _mesh_args.elastic(False, 1, ("pp", "dp", "tp"), (2, 2, 2), roles) is None
+    with pytest.raises(ArgumentError, match="elastic=True: picks the one 'replicate' dim, but "
+                       "no dim has that role"):
+        _mesh_args.elastic(True, 1, ("pp", "dp", "tp"), (2, 2, 2), None)
+
+
+@pytest.mark.slow  # four worlds on threads, three epochs: about 1 s on a busy machine
+def test_roles_and_abstract_hold_through_a_shrink_and_a_grow_back():
+    """4 thread ranks, (2, 2) ("dp", "tp") elastic along the "replicate" dim: rank 3 lost, the
+    (1, 2) mesh of epoch 1, then (2, 2) again at epoch 2 (the decisions recover() and grow()
+    would write), on every rank that stays."""
+    from tensorplay.distributed.elastic import mesh as elastic_mesh
+
+    def rank_main(world):
+        mesh = elastic_mesh.init(world, "cpu", (2, 2), ("dp", "tp"), ("gloo", "gloo"), False,
+                                 (0, 1), given=True, roles=("replicate", "tensor"))
+        shrunk = enter(world, mesh, mesh._plan, {"epoch": 1, "shape": [1, 2], "ranks": [0, 1],
+                                                 "lost": [3], "spares": [2]},
+                       kind="shrink")
+        grown = enter(world, shrunk, shrunk._plan, {"epoch": 2, "shape": [2, 2],
+                                                    "ranks": [0, 1, 2, 3], "fresh": [2, 3]},
+                      kind="grow")
+        return mesh.abstract, shrunk.abstract, grown.abstract, grown.mesh_dim_roles
+
+    out = ThreadRanks(4).run(rank_main)
+    for first, shrunk, grown, roles in out[:3]:
+        assert first == grown and hash(first) == hash(grown)
+        assert first.roles == ("replicate", "tensor") and roles == {"dp": "replicate",
+                                                                    "tp": "tensor"}
+        assert shrunk.shape == (1, 2) and shrunk.roles == first.roles and shrunk != first
+    assert "agreed it was lost" in str(out[3])  # the lost rank is told to leave

@@ -532,7 +532,9 @@ def test_a_rank_failed_error_exits_1_after_atexit_handlers_without_module_teardo
         if RANK == 1:
             raise RankFailedError("all_reduce() failed: rank 0 died", ranks=[0])
     """)
-    res = run("--nproc-per-node", "2", job)
+    # rank 0 may still be starting when rank 1 fails (a loaded machine): --settle-s lets it
+    # end on its own, so its atexit line is printed (the launcher waits no longer than that)
+    res = run("--nproc-per-node", "2", "--settle-s", f"{timing.guard(30):.0f}", job)
     assert res.returncode == 1, res.stderr
     assert "[rank 0] atexit ran" in res.stdout
     assert "[rank 1] atexit ran" in res.stderr  # after its traceback: held with it

@@ -64,11 +64,12 @@ class Elastic:
     full_ranks: tuple[int, ...]
     epoch: int = 0
     fresh: tuple[int, ...] = ()
+    own_groups: bool = True  # each epoch's mesh makes its groups as it is entered
 
     def at(self, decision: dict[str, Any]) -> Elastic:
         """This plan in the epoch ``decision`` opens."""
         return Elastic(self.dim, self.minimum, self.full_shape, self.full_ranks,
-                       decision["epoch"], tuple(decision.get("fresh", ())))
+                       decision["epoch"], tuple(decision.get("fresh", ())), self.own_groups)
 
 
 def board_of(world: World) -> Board:

@@ -38,6 +38,7 @@ from .._consensus import agree
 from .._failures import dead_on_this_host
 from .._mesh import DeviceMesh, _laid_out, _make_groups, _not_elastic
 from .._mesh_spec import MeshSpec
+from .._roles import Roles
 from ..errors import (
     ArgumentError,
     MembersFinished,
@@ -71,8 +72,9 @@ class ElasticMesh(DeviceMesh):
 
     @classmethod
     def _elastic(cls, world: World, device: str, spec: MeshSpec, backends: tuple[str, ...],
-                 groups: tuple[Any, ...], plan: Elastic, session: Session) -> ElasticMesh:
-        mesh = cls._make(world, device, spec, spec, backends, groups)
+                 groups: tuple[Any, ...], plan: Elastic, session: Session,
+                 roles: Roles | None = None, eager: bool = False) -> ElasticMesh:
+        mesh = cls._make(world, device, spec, spec, backends, groups, roles, eager)
         assert isinstance(mesh, ElasticMesh)
         object.__setattr__(mesh, "_plan", plan)
         object.__setattr__(mesh, "_session", session)
@@ -131,15 +133,19 @@ class ElasticMesh(DeviceMesh):
 
     def _next(self, spec: MeshSpec, plan: Elastic) -> ElasticMesh:
         """The mesh of a new epoch: ``spec``'s groups made in the current epoch (by their
-        members: none outside the mesh), this mesh's device and backends."""
+        members: none outside the mesh; at first use where the mesh was made with
+        eager_groups=False), this mesh's device, backends and roles (so ``abstract`` is the
+        same again once the mesh grows back to its shape)."""
         return ElasticMesh._elastic(self._world, self._device_type, spec, self._backends,
-                                    _make_groups(self._world, spec, self._backends), plan,
-                                    self._session)
+                                    _make_groups(self._world, spec, self._backends,
+                                                 plan.own_groups),
+                                    plan, self._session, self._roles, self._eager)
 
 
 def init(world: World, device: str, shape: tuple[int, ...], names: tuple[str, ...] | None,
          backends: tuple[str, ...], host_aware: bool, replicas: tuple[int, int],
-         given: object) -> ElasticMesh:
+         given: object, roles: Roles | None = None,
+         eager: tuple[bool, bool] = (True, False)) -> ElasticMesh:
     """``init_device_mesh(..., elastic=...)`` once its arguments are checked: the elastic
     mesh of epoch 0, or on a rank tensorplay-run restarted, the mesh of the epoch the members
     admit it to (its peers are far past the cross-rank check, so it skips it)."""
@@ -152,17 +158,21 @@ def init(world: World, device: str, shape: tuple[int, ...], names: tuple[str, ..
         agree(world, "init_device_mesh()", {
             "device_type": device, "mesh_shape": shape, "mesh_dim_names": names,
             "backend_override": backends, "host_aware": host_aware, "elastic": replicas,
+            "mesh_dim_roles": roles, "eager_groups": list(eager),
         })
     spec = _laid_out(world, device, shape, names, host_aware)
-    plan = Elastic(replicas[0], replicas[1], shape, tuple(spec.ranks().tolist()))
+    plan = Elastic(replicas[0], replicas[1], shape, tuple(spec.ranks().tolist()),
+                   own_groups=eager[0])
     world.engine.prepare_elastic()  # type: ignore[attr-defined]  # Severable: refused above
     session = session_of(world)
     session.shape = shape
     if joining:
-        like = ElasticMesh._elastic(world, device, spec, backends, (), plan, session)
+        like = ElasticMesh._elastic(world, device, spec, backends, (), plan, session, roles,
+                                    eager[1])
         return join(world, like, plan)
     return ElasticMesh._elastic(world, device, spec, backends,
-                                _make_groups(world, spec, backends), plan, session)
+                                _make_groups(world, spec, backends, eager[0]), plan, session,
+                                roles, eager[1])
 
 
 def plan_of(mesh: DeviceMesh, what: str) -> Elastic:
