@@ -16,7 +16,9 @@ Every step prints the mesh it ran on and the wall time ``t=`` (from the member a
 Other faults, for the tests and bench/recovery.py: ``--stop RANK@STEP`` (that rank SIGSTOPs
 itself: hung; tensorplay-run kills it after --node-grace-s), ``--stall RANK@STEP:SECONDS``
 (it sleeps, and comes back after the others went on: a straggler of the old epoch),
-``--die-in-recovery RANK`` (it SIGKILLs itself as it starts a recovery).
+``--die-in-recovery RANK`` (it SIGKILLs itself as it starts a recovery), ``--wait-full-s
+SECONDS`` (after the last step, members on a shrunk mesh wait that long for it to be whole
+again: a host started again joins before the end).
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ def parse_args() -> argparse.Namespace:
                    help="for tests: that rank sleeps SECONDS as it starts that step")
     p.add_argument("--die-in-recovery", type=int, action="append", default=[], metavar="RANK",
                    help="for tests: that rank SIGKILLs itself as it starts a recovery")
+    p.add_argument("--wait-full-s", type=float, default=0.0, metavar="SECONDS",
+                   help="after the last step, members on a shrunk mesh keep calling grow() "
+                        "(no more steps) for up to SECONDS until the mesh is whole again, so a "
+                        "replacement still starting (a host started again) gets in (default 0)")
     p.add_argument("--stop-mid", action="append", default=[], metavar="RANK@STEP",
                    help="for tests: that rank SIGSTOPs itself in that step, after its 'tp' "
                         "reduction, before its 'dp' ones: the ranks outside its 'dp' group "
@@ -152,6 +158,19 @@ def check(mesh, w1, w2, steps: int, say) -> bool:
     return bool(diff.item() <= TOLERANCE)
 
 
+def waits_for_full(mesh, a: argparse.Namespace, done_at: float) -> bool:
+    """Whether a member that did every step (at ``done_at``) still waits for the mesh to grow
+    back: the mesh is short of slices and --wait-full-s has not run out. Agreed over the mesh
+    (one all_reduce per dim per poll), so every member stops waiting at the same poll."""
+    if a.wait_full_s <= 0:
+        return False
+    short = torch.tensor([int(mesh.size("dp") < MESH_SHAPE[0]
+                              and time.time() - done_at < a.wait_full_s)])
+    for dim in MESH_NAMES:
+        dist.all_reduce(short, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
+    return bool(short.item())
+
+
 def main() -> int:
     """Train through losses and restarts; exit 1 when the weights differ from one process."""
     a = parse_args()
@@ -178,6 +197,7 @@ def main() -> int:
              torch.zeros(1, dtype=torch.int64)]  # my W1 columns, the same W2 rows, the step
     before = [t.clone() for t in state]  # the state before the last completed step
     sync, undo = bool(mesh.fresh_ranks), False
+    done_at = 0.0  # when this rank had done every step (--wait-full-s counts from there)
     while True:
         try:
             if sync:  # new ranks in the mesh: they take the state of a replica that trained
@@ -195,12 +215,17 @@ def main() -> int:
                 continue
             step = int(state[2].item())
             if step >= a.steps:
-                break
+                done_at = done_at or time.time()
+                if not waits_for_full(mesh, a, done_at):
+                    break
             grown = mesh.grow()
             if grown is not mesh:
                 mesh, sync = grown, True
                 say(f"rank {rank}: mesh grew back to {mesh.shape} at epoch {mesh.epoch}; fresh "
                     f"ranks {mesh.fresh_ranks}", a.verbose)
+                continue
+            if step >= a.steps:  # done, waiting for the mesh to be whole (--wait-full-s)
+                time.sleep(0.1)
                 continue
             if first_run and a.kills.get(rank) == step:
                 say(f"rank {rank} kills itself at step {step + 1}", True)

@@ -216,3 +216,27 @@ def test_planning_needs_no_world_and_no_torch():
     assert done.returncode == 0, done.stderr
     assert "host-aware: ranks laid out host by host" in done.stdout
     assert done.stderr.strip() == "False False False"
+
+
+def test_elastic_shows_what_losing_each_host_costs_and_host_aware_lowers_it(capsys):
+    assert main(["--shape", "2,4", "--names", "dp,tp", "--hosts", "2", "--elastic",
+                      "dp"]) == 0
+    out = capsys.readouterr().out
+    assert ("elastic 'dp': a host lost costs the slices of 'dp' holding its ranks\n"
+            "  host0: slice 0 (1 of 2 lost; 1 left)\n"
+            "  host1: slice 1 (1 of 2 lost; 1 left)") in out, out
+    argv = ["--shape", "4,4", "--names", "dp,tp", "--hosts", "2", "--round-robin",
+            "--elastic", "0"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "  host0 .. host1 (2 hosts): slices 0-3 (4 of 4 lost; 0 left)" in out, out
+    assert main([*argv, "--host-aware"]) == 0
+    out = capsys.readouterr().out
+    assert "  host0: slices 0-1 (2 of 4 lost; 2 left)" in out, out
+    assert "  host1: slices 2-3 (2 of 4 lost; 2 left)" in out, out
+
+
+def test_elastic_names_a_dim_of_the_mesh(capsys):
+    assert main(["--shape", "2,4", "--names", "dp,tp", "--elastic", "pp"]) == 2
+    assert ("--elastic pp: not a dim of the mesh (a name of --names, or an index in 0..1)"
+            in capsys.readouterr().err)

@@ -28,7 +28,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from . import _env, _keys, _netif
+from . import _env, _keys, _losses, _netif
 from ._control import Board
 from .errors import CallMismatchError, rank_words
 
@@ -57,15 +57,16 @@ def check_at_end(world: JobContext) -> None:
     """
     mine = _mine(world)
     led = [g for g in mine if g.rank() == 0 and g.size() <= _LARGEST]
-    wanted = sorted({r for g in led for r in g.ranks})
+    wanted = sorted({r for g in led for r in g.ranks} - set(_losses.told_lost()))
     grace = min(GRACE_S, world.timeout.total_seconds())
     try:
         world.control.ending({g.name: (g.ranks, g.calls) for g in mine if g.size() <= _LARGEST})
         got = world.control.exchange(EXCHANGE, _counts(mine), wanted, grace)
         posted = {rank: json.loads(text) for rank, text in got.items()}
         late: list[str] = []
+        gone = frozenset(_losses.told_lost())  # the launcher said they are gone: not late
         for group in led:
-            error = _compare(group, posted, late)
+            error = _compare(group, posted, late, gone)
             if error is not None:
                 raise error
         if late:
@@ -103,16 +104,17 @@ def check_after_failure(world: JobContext, group: ProcessGroup) -> CallMismatchE
     return _compare(group, posted, [])
 
 
-def _compare(group: ProcessGroup, posted: dict[int, dict[str, int]], late: list[str]
-             ) -> CallMismatchError | None:
+def _compare(group: ProcessGroup, posted: dict[int, dict[str, int]], late: list[str],
+             gone: frozenset[int] = frozenset()) -> CallMismatchError | None:
     """The error when the members' posted counts of ``group`` differ; members that posted
-    none for it are added to ``late`` in words."""
+    none for it are added to ``late`` in words, unless ``gone`` (the launcher said so)."""
     by_count: dict[int, list[int]] = {}
     missing = []
     for member in group.ranks:
         count = posted.get(member, {}).get(group.name)
         if count is None:
-            missing.append(member)
+            if member not in gone:
+                missing.append(member)
         else:
             by_count.setdefault(count, []).append(member)
     if missing:

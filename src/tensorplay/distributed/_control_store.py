@@ -14,7 +14,7 @@ from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from . import _arrivals, _env, _keys
+from . import _arrivals, _env, _keys, _losses
 from ._control import PEEK_S, Tally
 from ._failures import (
     FIX_FAILED,
@@ -218,12 +218,15 @@ class StoreControl(StoreBoard):
         tcp://), lingers until every rank is done or ``grace_s`` is over, so no rank's last
         read meets a closed server."""
         world = self._world
-        keys = [world.spmd.key(_keys.LEFT, rank=r) for r in world.members()]
         with suppress(RuntimeError, OSError):
             self.post(world.spmd.key(_keys.LEFT, rank=world.rank), "1")
             if world.rank == 0:
                 deadline = time.monotonic() + grace_s + 1.0
-                while self.unposted(keys) and time.monotonic() < deadline:
+                while time.monotonic() < deadline:
+                    gone = set(_losses.told_lost())  # the launcher said they are gone
+                    if not self.unposted([world.spmd.key(_keys.LEFT, rank=r)
+                                          for r in world.members() if r not in gone]):
+                        break
                     time.sleep(0.02)
 
     # -- the tally's parts ------------------------------------------------------------------

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import _accounting, _env, _keys, _procfs
+from . import _accounting, _env, _keys, _losses, _procfs
 from ._control import Board
 from .errors import (
     BackendError,
@@ -66,7 +66,7 @@ T = TypeVar("T")
 Dead = tuple[int, int, str]  # (rank, pid, host) of a rank whose process has gone
 # tensorplay-run writes here why the job stops, when another node is lost or failed:
 # {"text": "node 1 (hostB, ranks 4-7) went silent: ...", "ranks": [4, 5, 6, 7]}
-VERDICT_FILE = "TENSORPLAY_RUN_VERDICT_FILE"
+VERDICT_FILE = _losses.VERDICT_FILE  # where the launcher writes its verdict (several nodes)
 
 
 def engine_said(err: BaseException) -> str:
@@ -194,12 +194,15 @@ def _worded(world: JobContext, step: str, said: str, dead: list[Dead], missing: 
         return DistributedTimeoutError(step, world.timeout.total_seconds(), missing,
                                        said.strip(), who=who)
     parts = [f"{step} failed: the connection to a peer rank broke"]
+    loss = _losses.naming(world.members())  # the launchers declared a node lost (elastic)
     if never:
         parts.append(never)
+    elif loss is not None:
+        parts.append(loss["text"])
     elif world.engine.capabilities.has_store:  # else the engine said who it lost
         parts.append("no rank on this host died, so a rank on another host probably did")
     return RankFailedError("; ".join(parts) + f".{said} {fix_failed(world)}",
-                           ranks=missing or None)
+                           ranks=missing or (loss["ranks"] if loss is not None else None))
 
 
 @contextmanager

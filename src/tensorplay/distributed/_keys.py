@@ -51,10 +51,16 @@ ELASTIC_WANT = "elastic/want/{rank}"  # a rank waiting to join: "<token>" (a rep
 # -- launcher keys: the launchers of one job across nodes (``launcher/nodes.py``) -------------
 NODE_CLAIM = "tensorplay-run/claim/{node}"  # how many launchers claimed node index i (add)
 NODE_INFO = "tensorplay-run/node/{node}/{claim}"  # the claim-th claimant of index i (JSON)
-NODE_BEAT = "tensorplay-run/beat/{node}"  # node i's heartbeat counter (add; DONE when it ends)
+NODE_BEAT = "tensorplay-run/beat/{node}/{claim}"  # the heartbeat counter of node i's claim-th
+# claimant (add; DONE when it ends): a replacement beats on a counter of its own
 NODES_STARTED = "tensorplay-run/started"  # every node arrived: the ranks start
 NODES_PARTED = "tensorplay-run/parted"  # how many launchers have left (add)
 NODES_VERDICT = "tensorplay-run/verdict"  # why the job stops, the first written (JSON)
+NODE_NEXT = "tensorplay-run/next/{node}/{claim}"  # the claim that replaced node i's lost
+# claim-th claimant (compare_set: one replacement wins)
+NODE_NEWS = "tensorplay-run/news"  # how many node losses and replacements were posted (add)
+NODE_NEWS_ITEM = "tensorplay-run/news/{n}"  # the n-th of them (JSON), elastic mode only
+NODE_LINKS = "tensorplay-run/links"  # "<port>": where node 0 holds a connection per launcher
 
 _worlds_started = 0  # worlds this process has started: the k of their key prefix
 

@@ -247,6 +247,21 @@ def _advice(spec: MeshSpec, array: np.ndarray, ids: np.ndarray) -> str | None:
             "inside one host. Fix: init_device_mesh(..., host_aware=True).")
 
 
+def slices_per_host(spec: MeshSpec, dim: int, host_of: HostOf) -> dict[str, list[int]]:
+    """host -> the slices (indices along ``dim``) holding a rank of that host: what losing
+    the host costs an elastic mesh on ``dim``. (2, 4) ("dp", "tp") on 2 hosts of 4 ranks in
+    blocks: {"hostA": [0], "hostB": [1]}; dealt round-robin: both hosts cost both slices.
+    O(mesh size)."""
+    array = spec.array()
+    ids, names = host_ids(host_of, array)
+    coords = np.indices(array.shape)[dim]  # each position's slice along ``dim``
+    found: dict[str, set[int]] = {}
+    for host_id, index in zip(ids.reshape(-1).tolist(), coords.reshape(-1).tolist(),
+                              strict=True):
+        found.setdefault(names[host_id], set()).add(index)
+    return {host: sorted(indices) for host, indices in found.items()}
+
+
 def dim_label(spec: MeshSpec, dim: int) -> str:
     """"'tp'" for a named dim, "1" for an unnamed one."""
     return repr(spec.names[dim]) if spec.names else str(dim)

@@ -5,9 +5,11 @@
 
 Both print the same report: rank 5 of the (2, 4) mesh is at (1, 1), its "tp" group is
 [4, 5, 6, 7] and its "dp" group [1, 5], and with 2 hosts of 8 // 2 = 4 ranks all 4 "dp" groups
-cross hosts while the 2 "tp" groups do not. --plot mesh.png also draws it; --host-aware lays
-ranks out host by host first (on --hosts 2 --round-robin, a (4, 4) mesh becomes
-[0, 2, ..., 14, 1, 3, ..., 15] and its "tp" groups stay inside one host).
+cross hosts while the 2 "tp" groups do not. --elastic dp adds what losing each host costs an
+elastic mesh on "dp" (host0: slice 0, host1: slice 1; 1 of 2 lost each). --plot mesh.png also
+draws it; --host-aware lays ranks out host by host first (on --hosts 2 --round-robin, a
+(4, 4) mesh becomes [0, 2, ..., 14, 1, 3, ..., 15] and its "tp" groups stay inside one host;
+with --elastic dp, a host lost then costs 2 of the 4 "dp" slices, not all 4).
 
 A plan is geometry and text, so no world is started: the arguments are checked by _mesh_args
 as init_device_mesh checks them, the mesh is the MeshSpec init_device_mesh would build (row
@@ -30,12 +32,15 @@ from ._mesh_spec import MeshSpec
 from ._plot import FORMATS, plot
 from ._topology import (
     CROSSING_LIMIT,
+    Hosts,
     advice,
+    dim_label,
     host_aware_order,
     hosts_round_robin,
     hosts_simulated,
+    slices_per_host,
 )
-from .errors import DistributedError
+from .errors import DistributedError, format_ranks
 
 PROG = "tensorplay-plan"
 """The name in usage and errors when run as the console script (the default)."""
@@ -81,6 +86,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--plot", metavar="PATH", help="also draw the mesh to PATH (.png, .svg)")
     parser.add_argument("--host-aware", action="store_true",
                         help="order ranks host by host so the inner dims stay inside one host")
+    parser.add_argument("--elastic", metavar="DIM",
+                        help="the elastic dim (name or index): print which of its slices each "
+                             "host holds, i.e. what losing that host costs the elastic mesh")
     return parser
 
 
@@ -118,6 +126,9 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     if ns.names is not None and len(ns.names) != len(shape):
         return _usage(parser, f"--names {','.join(ns.names)}: {len(ns.names)} names for "
                               f"{len(shape)} dims")
+    if ns.elastic is not None and _dim(ns.elastic, ns.names, len(shape)) is None:
+        return _usage(parser, f"--elastic {ns.elastic}: not a dim of the mesh (a name of "
+                              f"--names, or an index in 0..{len(shape) - 1})")
     if ns.plot is not None:
         suffix = ns.plot[ns.plot.rfind("."):].lower() if "." in ns.plot else ""
         if suffix not in FORMATS:
@@ -148,6 +159,9 @@ def _run(ns: argparse.Namespace, shape: tuple[int, ...], world: int, prog: str) 
     print(describe(spec, ns.rank, host_of=hosts, device_type=device))
     if not ns.host_aware and spec.size <= CROSSING_LIMIT and advice(spec, hosts) is not None:
         print("(in this command: add --host-aware)")
+    dim = None if ns.elastic is None else _dim(ns.elastic, names, len(shape))
+    if dim is not None and spec.size <= CROSSING_LIMIT:
+        print("\n" + _host_losses(spec, dim, hosts))
     if ns.plot:
         try:
             written = plot(spec, ns.plot, host_of=hosts, rank=ns.rank)
@@ -156,6 +170,29 @@ def _run(ns: argparse.Namespace, shape: tuple[int, ...], world: int, prog: str) 
             return 1
         print(f"\nwrote {written}")
     return 0
+
+
+def _dim(text: str, names: Sequence[str] | None, ndim: int) -> int | None:
+    """--elastic's dim: a name of the mesh, or an index; None when it is neither."""
+    if names and text in names:
+        return list(names).index(text)
+    return int(text) if text.isdigit() and int(text) < ndim else None
+
+
+def _host_losses(spec: MeshSpec, dim: int, hosts: Hosts) -> str:
+    """What losing each host costs an elastic mesh on ``dim``: 'hostB: slice 1 (1 of 2 slices
+    lost; 1 left)', hosts that cost the same grouped."""
+    label, total = dim_label(spec, dim), spec.shape[dim]
+    by_cost: dict[tuple[int, ...], list[str]] = {}
+    for host, slices in slices_per_host(spec, dim, hosts).items():
+        by_cost.setdefault(tuple(slices), []).append(host)
+    lines = [f"elastic {label}: a host lost costs the slices of {label} holding its ranks"]
+    for lost, names in by_cost.items():
+        who = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]} ({len(names)} hosts)"
+        what = f"slice {lost[0]}" if len(lost) == 1 else f"slices {format_ranks(list(lost))}"
+        lines.append(f"  {who}: {what} ({len(lost)} of {total} lost; {total - len(lost)} "
+                     f"left)")
+    return "\n".join(lines)
 
 
 def _usage(parser: argparse.ArgumentParser, message: str) -> int:

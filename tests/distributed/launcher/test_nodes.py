@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tensorplay.distributed.launcher import job as _job
 from tensorplay.distributed.launcher import nodes as _nodes
+from tensorplay.distributed.launcher.options import SETTLE_S
 from tests import spawn, timing
 from tests.spawn import free_port
 
@@ -304,3 +307,39 @@ def test_node_0_serves_the_others_after_its_ranks_end_and_ctrl_c_still_stops_it(
     assert ("tensorplay-run: got SIGINT while the other nodes still used the store this node "
             "serves; stopped serving it.") in texts[0]
     assert code_b == 1 and "which serves the job's store at 127.0.0.1:" in texts[1], texts[1]
+
+
+CAUGHT_JOB = """
+import torch
+import tensorplay.distributed as dist
+dist.init_process_group(timeout=60)
+try:
+    print('up', flush=True)
+    while True:
+        dist.all_reduce(torch.ones(4))
+        time.sleep(0.05)
+finally:  # as a user's script ends: call counts compared with the others
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow  # starts launchers that load torch
+@pytest.mark.faults
+def test_a_node_whose_launcher_died_is_named_as_a_node_and_node_0_ends_quickly(tmp_path):
+    script = job(tmp_path, CAUGHT_JOB)
+    with Nodes(tmp_path, 2, "--nproc-per-node", "2") as nodes:
+        a, b = nodes.start(0, script), nodes.start(1, script)
+        nodes.await_up(4, timing.guard(120))
+        os.killpg(b.pid, signal.SIGKILL)  # node 1's launcher; its ranks die with it
+        killed = time.monotonic()
+        code = nodes.wait(a, 60)
+        took = time.monotonic() - killed
+        text = nodes.text(0)
+    assert code not in (0, None), text
+    # the loss is seen at once (node 1's connection closed), not after the grace; then the
+    # ranks get --settle-s and STOP_FAST_S at most; the end of job waits for no lost rank
+    assert took < timing.bound(SETTLE_S + _job.STOP_FAST_S, 3), (took, timing.describe(), text)
+    assert re.fullmatch(r"tensorplay-run: the job stopped because node 1 \([^,()]+, ranks 2-3\) "
+                        r"is lost: its launcher is gone \(its connection to node 0 closed "
+                        r"without a goodbye\)\.", text.strip().splitlines()[-1]), text
+    assert "not compared" not in text, text  # ranks 2-3 were lost: nothing was late

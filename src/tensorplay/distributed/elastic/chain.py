@@ -11,11 +11,13 @@ rank that moves on reads the same record, so nobody's own view changes the membe
   mesh when ranks wait to join (``elastic/want/<rank>``: a replacement the launcher started, a
   spare of a removed slice) and every rank of a removed slice is there again;
 - a waiting rank follows the chain from the epoch it knows, until a record admits it (its
-  token, ``"<pid> <host>"``, is in ``admitted``), ends the job (``end``: it raises), or says the
-  members finished (``finished``, written at their destroy_process_group: it leaves, raising
-  MembersFinished, exit code 0). A token whose process is gone (on the deciding member's host,
-  where its pid can be looked up) is not admitted: a rank that died while it waited is lost
-  like any other, and its slice stays out until a replacement posts a live token.
+  token, ``"<pid> <host> <node>.<claim>"``, is in ``admitted``), ends the job (``end``: it
+  raises), or says the members finished (``finished``, written at their
+  destroy_process_group: it leaves, raising MembersFinished, exit code 0). A token whose
+  process is gone (on the deciding member's host, where its pid can be looked up; on another
+  host, when the launchers declared its node lost) is not admitted: a rank that died while it
+  waited is lost like any other, and its slice stays out until a replacement posts a live
+  token.
 
 Worked example, (2, 4) named ("dp", "tp"), elastic "dp", rank 5 SIGKILLed at step 4:
 
@@ -36,7 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import _env, _keys, _procfs
+from .. import _env, _keys, _losses, _procfs
 from .._control import Board
 from .._engine import Severable
 from ..errors import DistributedTimeoutError, ShrinkError
@@ -135,11 +137,14 @@ def _growth(board: Board, plan: Elastic, members: set[int]) -> dict[str, Any]:
 
 
 def _gone(token: str) -> bool:
-    """Whether the process a want token names (``"<pid> <host>"``) is on this host and no
-    longer running; a process on another host is taken as alive (its launcher's heartbeat
-    and the recovery judge it)."""
-    pid, _, host = token.partition(" ")
-    return host == _env.hostname() and pid.isdigit() and not _procfs.alive(int(pid))
+    """Whether the process a want token names (``"<pid> <host> [<node>.<claim>]"``) is gone:
+    on this host, no longer running; on another host, its node was declared lost by the
+    launchers (``_losses``: "977 hostB 1.1" once node 1's first launcher is lost). Any other
+    process on another host is taken as alive (its launcher's heartbeat judges it)."""
+    pid, host = (token.split() + ["", ""])[:2]
+    if host == _env.hostname():
+        return pid.isdigit() and not _procfs.alive(int(pid))
+    return _losses.gone(token)
 
 
 def want(board: Board, rank: int, token: str) -> None:

@@ -33,7 +33,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _env
+from .. import _env, _losses
 from .._consensus import agree
 from .._failures import dead_on_this_host
 from .._mesh import DeviceMesh, _laid_out, _make_groups, _not_elastic
@@ -234,7 +234,8 @@ def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float = WAIT_S,
     try:
         lost = agree_lost(board, plan.epoch, world.rank, members, suspects,
                           wait_s=wait_s, timeout_s=limit,
-                          dead=lambda: [r for r, _ in dead_on_this_host(world, 0.0)])
+                          dead=lambda: [r for r, _ in dead_on_this_host(world, 0.0)]
+                          + _losses.lost_ranks())
         names = spec.names
         shrunk = shrink(spec.shape, members, plan.dim, lost, minimum=plan.minimum,
                         dim_name=names[plan.dim] if names else None)
@@ -287,8 +288,10 @@ def join(world: World, like: ElasticMesh, plan: Elastic) -> ElasticMesh:
 
 
 def token() -> str:
-    """How a waiting process names itself: "<pid> <host>" (members learn its pid from it)."""
-    return f"{os.getpid()} {_env.hostname()}"
+    """How a waiting process names itself: "<pid> <host>", and under a multi-node
+    tensorplay-run its launcher's "<node>.<claim>" ("977 hostB 1.2"): members learn its pid
+    from it, and whether its node was lost."""
+    return f"{os.getpid()} {_env.hostname()} {_losses.instance()}".strip()
 
 
 def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, Any], *,

@@ -5,8 +5,9 @@ One ``Session`` per world, attached through the world's two hooks and nothing el
 ``World.expect_losses`` tells the failure wording that a lost rank is recovered here, not
 fatal (``_failures`` then advises ``mesh.recover(err)`` and compares no call counts).
 
-The watcher: when a recovery of the current epoch begins anywhere, it breaks this rank's
-groups of that epoch (``World.sever_epoch``). A rank blocked in a collective whose peer never
+The watcher: when a recovery of the current epoch begins anywhere, or the launcher says a
+node holding members of it was lost (``_losses``), it breaks this rank's groups of that epoch
+(``World.sever_epoch``). A rank blocked in a collective whose peer never
 comes (stalled, or blocked itself) then fails at once and comes to the recovery, instead of
 waiting out its timeout and being declared lost. One peek on its own store connection every
 WATCH_S (x world size / 1,000): 40 requests a second at the store for 8 ranks, 5,000 for
@@ -20,7 +21,7 @@ import time
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
-from .. import _env, _keys
+from .. import _env, _keys, _losses
 from .chain import board_of, finish
 from .recovery import Recovery
 
@@ -51,7 +52,7 @@ class Session:
         processes it admitted on this host are the ones the death watch looks at."""
         self.shape = tuple(decision["shape"])
         for rank, who in decision.get("admitted", {}).items():
-            pid, _, host = who.partition(" ")
+            pid, host = who.split()[:2]
             if host == _env.hostname():
                 self._world.note_pid(int(rank), int(pid))
 
@@ -94,6 +95,10 @@ class Session:
             while world.alive:
                 epoch = world.spmd.epoch
                 with suppress(Exception):  # the store gone: the main thread will say so
+                    loss = _losses.naming(world.members())
+                    if loss is not None:  # a node lost: whoever is blocked with it is freed
+                        board.post(_keys.ELASTIC_RECOVERING.format(epoch=epoch),
+                                   f"{world.rank} {loss['text']}")
                     if board.peek([_keys.ELASTIC_RECOVERING.format(epoch=epoch)])[0]:
                         world.sever_epoch(epoch)
                         while world.alive and world.spmd.epoch == epoch:

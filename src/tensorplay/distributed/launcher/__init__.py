@@ -9,6 +9,7 @@ One module, one job (docs/architecture.md has the table):
 - ``procs``: start, signal, stop and reap the ranks' process groups;
 - ``job``: one supervise loop with two policies (``FailFast``, ``RestartLost``), one conclusion;
 - ``hangs``: ranks alive but stuck; ``nodes``: the launchers of one job across nodes;
+- ``links``: one connection per launcher to node 0's, so a launcher that dies is seen at once;
 - ``store``: the launcher's store behind a small interface (torch's TCPStore, loaded lazily);
 - ``rank_main``: what runs in each rank (loaded by path: it imports nothing of the package);
 - ``warm``: warm start: one process imports torch once and forks each rank (``--no-warm``);

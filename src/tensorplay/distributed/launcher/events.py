@@ -10,7 +10,9 @@ matches them by type:
   the new mesh's first rank (again once it synced the fresh ranks);
 - ``Signal``: SIGINT or SIGTERM reached the launcher;
 - ``Verdict`` (``nodes.Verdict``): the job stopped elsewhere (a node lost, a failure on
-  another node, the store could not be served).
+  another node, the store could not be served);
+- ``NodeChange`` (``nodes.NodeChange``, elastic mode): a node was lost, or taken back by a
+  new launcher; the job goes on.
 
 Worked example: the report pipe's lines become events with ``from_report_line``::
 
@@ -27,11 +29,11 @@ import queue
 from dataclasses import dataclass
 
 from ..elastic.recovery import Recovery
-from .nodes import Verdict
+from .nodes import NodeChange, Verdict
 from .rank_ends import RankReport
 
-__all__ = ["Beat", "Event", "Events", "Exit", "Recovered", "Report", "Signal", "Verdict",
-           "from_report_line"]
+__all__ = ["Beat", "Event", "Events", "Exit", "NodeChange", "Recovered", "Report", "Signal",
+           "Verdict", "from_report_line"]
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ class Signal:
     signum: int
 
 
-Event = Exit | Report | Beat | Recovered | Signal | Verdict
+Event = Exit | Report | Beat | Recovered | Signal | Verdict | NodeChange
 Events = queue.SimpleQueue[Event]  # reentrant: the launcher's signal handlers may put too
 
 

@@ -30,9 +30,19 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
-from .. import _env
+from .. import _env, _losses
 from ..errors import rank_words
-from .events import Beat, Event, Events, Exit, Recovered, Report, Signal, Verdict
+from .events import (
+    Beat,
+    Event,
+    Events,
+    Exit,
+    NodeChange,
+    Recovered,
+    Report,
+    Signal,
+    Verdict,
+)
 from .hangs import HangWatch
 from .nodes import Board
 from .options import PROG
@@ -124,6 +134,12 @@ class RestartLost:
                      and e.failing()]
         if not any(e.kind() == "ok" for e in ends):
             return ends
+        lost_nodes = [c for c in job.node_changes if c.kind == "lost"]
+        if lost_nodes:
+            back = {c.node for c in job.node_changes if c.kind == "back"}
+            job.out.say("elastic: " + "; ".join(
+                f"{c.text} ({'taken back by a new launcher' if c.node in back else 'not replaced'})"
+                for c in lost_nodes) + "; the job went on to its end.")
         if self.lost:
             restarted = sorted({e.rank for e, again in self.lost if again})
             gone = sorted(e.rank for e in final_lost)
@@ -162,27 +178,31 @@ class Job:
         self.ends: dict[int, RankEnd] = {}
         self.hangs = HangWatch(spec.node_grace_s, spec.hang_timeout_s)
         self.verdict: Verdict | None = None  # why the job stopped, if another node said so
+        self.node_changes: list[NodeChange] = []  # elastic mode: nodes lost and taken back
         self.recoveries: dict[int, Recovered] = {}  # epoch -> what its change cost (the latest)
 
     def start(self) -> None:
-        """Start every rank of this node."""
+        """Start every rank of this node: as ranks joining a running elastic mesh when this
+        launcher took back a lost node (they wait until the members' grow() admits them)."""
+        joining = self.board is not None and self.board.claim > 1
         for rank in self.spec.local_ranks:
-            self.start_rank(rank)
+            self.start_rank(rank, restart=1 if joining else 0)
 
     def start_rank(self, rank: int, restart: int = 0) -> None:
         """Start (or restart) one rank, with a fresh record of how it ends."""
         self.ends[rank] = RankEnd(rank)
         local = rank - self.spec.node_rank * self.spec.nproc_per_node
+        instance = "" if self.board is None else f"{self.board.index}.{self.board.claim}"
         if self.warm is not None:
             try:
                 self.procs[rank] = start_rank(self.spec, local, self.out, self.events,
-                                              self.threads, restart, self.warm)
+                                              self.threads, restart, self.warm, instance)
                 return
             except OSError as err:
                 self.out.say(f"warm start off: {err}; starting ranks as fresh interpreters.")
                 self.warm = None
         self.procs[rank] = start_rank(self.spec, local, self.out, self.events, self.threads,
-                                      restart)
+                                      restart, instance=instance)
 
     def record(self, event: Event) -> None:
         """Note an exit, a report (a rank's first report counts), a beat, or a verdict (the
@@ -219,6 +239,9 @@ class Job:
             if isinstance(event, Signal):
                 self.stop(running)
                 return event.signum
+            if isinstance(event, NodeChange):
+                self.note_change(event, running)
+                continue
             if isinstance(event, Verdict):
                 self.verdict = event
                 if stop_at is None:
@@ -275,6 +298,29 @@ class Job:
                                               else first.code or 1)
         self.board.post("failed", f"node {self.spec.node_rank} ({_env.hostname()}) failed: "
                                   f"rank {first.rank}: {shorten(what)}")
+
+    def note_change(self, change: NodeChange, running: set[int]) -> None:
+        """Elastic mode: another node was lost or taken back. Say so, and tell this node's
+        ranks (``_losses``): a recovery counts a lost node's ranks as dead, and no rank
+        waits for them."""
+        self.node_changes.append(change)
+        if change.kind == "lost":
+            here = rank_words(sorted(running)) if running else "no rank"
+            self.out.say(f"{change.text}; elastic mode: {here} on this node "
+                         f"{'go' if len(running) > 1 else 'goes'} on without its "
+                         f"{rank_words(change.ranks)}.")
+        else:
+            self.out.say(f"{change.text}: its ranks join the elastic mesh at the members' "
+                         f"next grow().")
+        path = self.spec.losses_file
+        if not path:
+            return
+        back = [(c.node, c.claim) for c in self.node_changes if c.kind == "back"]
+        losses = [{"node": c.node, "claim": c.claim, "ranks": c.ranks, "text": c.text,
+                   "replaced": any(n == c.node and k > c.claim for n, k in back)}
+                  for c in self.node_changes if c.kind == "lost"]
+        with suppress(OSError):
+            _losses.write(path, losses)
 
     def tell_ranks(self, verdict: Verdict) -> None:
         """Write the verdict where this node's ranks look while they wait in a cross-rank
@@ -335,4 +381,8 @@ class Job:
         self.out.say(text)
         if elsewhere and v is not None:
             self.out.say(f"the job stopped because {v.text}.")
+        elif any(c.kind == "lost" for c in self.node_changes):  # the ranks could not go on
+            lost = [c for c in self.node_changes if c.kind == "lost"][-1]
+            self.out.say(f"the job stopped after {lost.text} (its ranks were "
+                         f"{rank_words(lost.ranks)}; the others could not go on without them).")
         return code

@@ -58,7 +58,8 @@ def _signals_to(events: Events) -> Iterator[None]:
 def _board(spec: LaunchSpec) -> Board:
     return Board(nnodes=spec.nnodes, node_rank=spec.node_rank, nproc=spec.nproc_per_node,
                  host=_env.hostname(), addr=spec.master_addr, port=spec.master_port,
-                 grace_s=spec.node_grace_s, join_timeout_s=spec.join_timeout_s)
+                 grace_s=spec.node_grace_s, join_timeout_s=spec.join_timeout_s,
+                 elastic=spec.elastic)
 
 
 def launch(spec: LaunchSpec) -> int:
@@ -87,7 +88,11 @@ def launch(spec: LaunchSpec) -> int:
                 except JoinError as err:
                     out.say(f"error: {err}.")
                     return 1
-                board.watch(job.events.put)
+                if board.claim > 1:
+                    out.say(f"this launcher takes back node {spec.node_rank}, which the job "
+                            f"declared lost: its ranks start as ranks joining the elastic "
+                            f"mesh.")
+                board.watch(job.events.put, job.events.put)
             elif board is not None:  # one node: serve once a rank asks
                 serving = threading.Thread(target=_serve, args=(board, job.events),
                                            name="tensorplay-run store")

@@ -46,6 +46,7 @@ from typing import Any
 from .. import _keys, _netif
 from ..errors import format_ranks
 from . import store
+from .links import Link, Links
 from .store import LauncherStore
 
 BEAT_S = 1.0  # how often a launcher beats and looks at the others
@@ -72,6 +73,26 @@ class Verdict:
         return Verdict(**json.loads(raw))
 
 
+@dataclass(frozen=True)
+class NodeChange:
+    """Elastic mode: a node lost (``kind`` 'lost') or taken back by a new launcher ('back').
+    Posted once in the job's store, read by every launcher; the job goes on either way."""
+
+    kind: str  # 'lost' or 'back'
+    node: int
+    claim: int  # which launcher of that node index: 1 for the first, 2 for its replacement
+    host: str
+    ranks: list[int]
+    text: str
+
+    def dumps(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @staticmethod
+    def loads(raw: bytes | str) -> NodeChange:
+        return NodeChange(**json.loads(raw))
+
+
 class JoinError(Exception):
     """The launchers could not start the job together; the message says why, naming nodes."""
 
@@ -85,9 +106,12 @@ class Node:
     nproc: int
     nnodes: int
 
+    def rank_list(self) -> list[int]:
+        """Node 1 of 4 ranks each: [4, 5, 6, 7]."""
+        return list(range(self.index * self.nproc, (self.index + 1) * self.nproc))
+
     def ranks(self) -> str:
-        return f"rank{'s' if self.nproc > 1 else ''} " + format_ranks(
-            list(range(self.index * self.nproc, (self.index + 1) * self.nproc)))
+        return f"rank{'s' if self.nproc > 1 else ''} " + format_ranks(self.rank_list())
 
     def name(self) -> str:
         """'node 1 (hostB, ranks 4-7)'."""
@@ -98,8 +122,18 @@ class Board:
     """This launcher's view of the other nodes, through the job's store."""
 
     def __init__(self, *, nnodes: int, node_rank: int, nproc: int, host: str, addr: str,
-                 port: int, grace_s: float, join_timeout_s: float):
+                 port: int, grace_s: float, join_timeout_s: float, elastic: bool = False):
         self.nnodes, self.index, self.nproc = nnodes, node_rank, nproc
+        self.elastic = elastic  # --max-restarts: a node other than 0 may be lost and replaced
+        self.claim = 1  # this launcher's claim of its node index (2: it replaced a lost one)
+        self.live = dict.fromkeys(range(nnodes), 1)  # node -> the claim that holds it now
+        self.lost: set[int] = set()  # nodes lost and not replaced (elastic mode)
+        self.changes: list[NodeChange] = []  # every loss and replacement read, in order
+        self._news_read = 0  # how many of the store's node changes this launcher has read
+        self._on_change: Callable[[NodeChange], None] = lambda c: None
+        self._lock = threading.Lock()  # the link thread and the beat thread both post losses
+        self.links: Links | None = None  # node 0: a connection per launcher
+        self.link: Link | None = None  # other nodes: the connection to node 0
         self.host, self.addr, self.port = host, addr, port
         self.grace_s, self.join_timeout_s = grace_s, join_timeout_s
         self.server: LauncherStore | None = None  # node 0: the store's server (lives as long
@@ -199,6 +233,7 @@ class Board:
     def _join(self, deadline: float) -> None:
         me = Node(self.index, self.host, self.nproc, self.nnodes)
         claim = int(self.client.add(_keys.NODE_CLAIM.format(node=self.index), 1))
+        self.claim = claim
         info = _keys.NODE_INFO.format(node=self.index, claim=claim)
         self.client.set(info, json.dumps(me.__dict__))
         if claim > 1:
@@ -208,11 +243,86 @@ class Board:
                     f"{first.host} and on {self.host}). Fix: give each machine its own "
                     f"--node-rank in 0..{self.nnodes - 1}")
             if self.client.check([_keys.NODES_STARTED]):  # too late to stop the others
+                if self.elastic and self.index != 0:
+                    self._replace(me, deadline)
+                    self._hold_link(deadline)
+                    return
                 raise JoinError(text + "; the job already runs without this launcher")
             raise JoinError(self.post("join", text).text)
         self._await_all(deadline)
         self._check_agree()
+        if self.index == 0:
+            with suppress(OSError):  # no second port: the heartbeat alone judges the nodes
+                self.links = Links(self.addr, self._link_gone)
+            self.client.set(_keys.NODE_LINKS, str(self.links.port if self.links else ""))
         self.client.set(_keys.NODES_STARTED, "1")
+        self._hold_link(deadline)
+
+    def _hold_link(self, deadline: float) -> None:
+        """Nodes 1..: open the connection node 0 watches (best effort: without it the
+        heartbeat alone judges this node)."""
+        if self.index == 0:
+            return
+        with suppress(Exception):
+            while not self.client.check([_keys.NODE_LINKS]):  # node 0 posts it ("": none)
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(POLL_S)
+            port = self.client.get(_keys.NODE_LINKS)
+            if port:
+                self.link = Link(self.addr, int(port), self.index, self.claim,
+                                 max(deadline - time.monotonic(), CALL_S))
+
+    def _replace(self, me: Node, deadline: float) -> None:
+        """Elastic mode, the job running: take node ``self.index`` back when the launcher that
+        holds it was declared lost (a node killed and started again at once is still held:
+        wait up to the grace for the verdict); else JoinError, and the job goes on."""
+        zero = self._read_node(0)
+        for field, flag in (("nproc", "--nproc-per-node"), ("nnodes", "--nnodes")):
+            if getattr(zero, field) != getattr(me, field):
+                raise JoinError(
+                    f"cannot take node {self.index} back: this launcher's {flag} is "
+                    f"{getattr(me, field)}, the running job's is {getattr(zero, field)} (node 0, "
+                    f"{zero.host}). Fix: start it with the job's flags")
+        until = min(deadline, time.monotonic() + self.grace_s + ACK_S)
+        while True:
+            self._raise_on_verdict()
+            for change in self._read_news(self.client):
+                self._take(change)
+            held = self._live_claim(self.index)
+            if (self.index, held) in self._lost_claims():
+                key = _keys.NODE_NEXT.format(node=self.index, claim=held)
+                if self.client.compare_set(key, "", str(self.claim)) == str(self.claim).encode():
+                    break
+                continue  # another launcher took it first: it holds the node now
+            if time.monotonic() >= until:
+                holder = Node(**json.loads(self.client.get(
+                    _keys.NODE_INFO.format(node=self.index, claim=held))))
+                raise JoinError(
+                    f"node {self.index} was claimed twice (--node-rank {self.index} on "
+                    f"{holder.host} and on {self.host}), and the launcher on {holder.host} is "
+                    f"alive: the job goes on without this launcher. Fix: give each machine its "
+                    f"own --node-rank in 0..{self.nnodes - 1}; a node is taken back only once "
+                    f"the job has declared it lost (within --node-grace-s "
+                    f"{self.grace_s:g} s of its loss)")
+            time.sleep(POLL_S)
+        self.nodes = {i: self._read_node(i) for i in range(self.nnodes)}
+        self.nodes[self.index] = me
+        change = NodeChange("back", self.index, self.claim, self.host, me.rank_list(),
+                            f"node {self.index} is back: a new launcher on {self.host} took it "
+                            f"({me.ranks()})")
+        self._post_change(change, self.client)
+        self._take(change)
+
+    def _live_claim(self, node: int) -> int:
+        """The claim that holds ``node`` now: 1, or the last replacement in its chain."""
+        claim = 1
+        while self.client.check([_keys.NODE_NEXT.format(node=node, claim=claim)]):
+            claim = int(self.client.get(_keys.NODE_NEXT.format(node=node, claim=claim)))
+        return claim
+
+    def _lost_claims(self) -> set[tuple[int, int]]:
+        return {(c.node, c.claim) for c in self.changes if c.kind == "lost"}
 
     def _await_all(self, deadline: float) -> None:
         keys = [_keys.NODE_INFO.format(node=i, claim=1) for i in range(self.nnodes)]
@@ -274,9 +384,11 @@ class Board:
 
     # ---------------------------------------------------------------- beats
 
-    def watch(self, on_verdict: Callable[[Verdict], None]) -> None:
-        """Start beating and watching; ``on_verdict`` is called once, from the watch thread."""
-        self._on_verdict = on_verdict
+    def watch(self, on_verdict: Callable[[Verdict], None],
+              on_change: Callable[[NodeChange], None] = lambda c: None) -> None:
+        """Start beating and watching; ``on_verdict`` is called once, from the watch thread
+        (or node 0's link thread); ``on_change`` (elastic mode) for each node lost or back."""
+        self._on_verdict, self._on_change = on_verdict, on_change
         self._thread = threading.Thread(target=self._beat_loop, daemon=True,
                                         name="tensorplay-run heartbeat")
         self._thread.start()
@@ -286,7 +398,7 @@ class Board:
         last_ok = time.monotonic()
         seen = {i: (-1, last_ok) for i in range(1, self.nnodes)}  # node -> (count, since)
 
-        def beat() -> tuple[dict[int, int], Verdict | None]:
+        def beat() -> tuple[dict[int, int], list[NodeChange], Verdict | None]:
             nonlocal client
             if client is None:
                 problem = _netif.await_listener(self.addr, self.port, time.monotonic() + CALL_S)
@@ -295,21 +407,25 @@ class Board:
                 client = self._connect(CALL_S)
             counts = {}
             if self.index == 0:
-                counts = {i: int(client.add(_keys.NODE_BEAT.format(node=i), 0)) for i in seen}
+                counts = {i: int(client.add(self._beat_key(i), 0)) for i in seen
+                          if i not in self.lost}
             else:
-                client.add(_keys.NODE_BEAT.format(node=self.index), 1)
+                client.add(self._beat_key(self.index), 1)
+            news = self._read_news(client) if self.elastic else []
             if not client.check([_keys.NODES_VERDICT]):
-                return counts, None
+                return counts, news, None
             verdict = Verdict.loads(client.get(_keys.NODES_VERDICT))
             if self.index != 0:  # read: node 0 need not serve the store for us
-                client.add(_keys.NODE_BEAT.format(node=self.index), DONE)
-            return counts, verdict
+                client.add(self._beat_key(self.index), DONE)
+            return counts, news, verdict
 
         while not self._stop.wait(BEAT_S):
+            if self.verdict is not None and self.verdict.kind != "failed":
+                return  # node 0's link thread decided: the job stops
             now = time.monotonic()
             try:  # a silent store is judged at the grace, not a whole call later
                 left = self.grace_s - (now - last_ok)
-                counts, verdict = _bounded(beat, min(2 * CALL_S, max(left, 0.5)))
+                counts, news, verdict = _bounded(beat, min(2 * CALL_S, max(left, 0.5)))
             except Exception as err:  # noqa: BLE001 - torch's DistError family, TimeoutError
                 client = None  # a call that timed out may still be stuck in it: never reuse
                 refused = "refused" in str(err).lower()
@@ -322,23 +438,124 @@ class Board:
             if verdict is not None:
                 self._decide(verdict)
                 return
+            for change in news:
+                if not self._take(change):
+                    continue
+                if change.kind == "lost" and (change.node, change.claim) == (self.index,
+                                                                               self.claim):
+                    self._decide(self._dropped(change))
+                    return
+                if change.kind == "back" and change.node in seen:
+                    seen[change.node] = (-1, now)
+                if change.node != self.index:
+                    self._on_change(change)
             for i, count in counts.items():
                 if count >= DONE or count != seen[i][0]:
                     seen[i] = (count, now)
                 elif now - seen[i][1] > self.grace_s:
-                    self._decide(self.post("lost", f"{self.node(i).name()} went silent: no "
-                                                   f"heartbeat for {now - seen[i][1]:.1f} s "
-                                                   f"(limit {self.grace_s:g} s, "
-                                                   f"--node-grace-s)", client, lost=i))
+                    why = (f"went silent: no heartbeat for {now - seen[i][1]:.1f} s (limit "
+                           f"{self.grace_s:g} s, --node-grace-s)")
+                    if self.elastic:
+                        self._lose(i, self.live[i], why, client)
+                        continue
+                    self._decide(self.post("lost", f"{self.node(i).name()} {why}", client,
+                                           lost=i))
                     return
+
+    def _beat_key(self, node: int) -> str:
+        return _keys.NODE_BEAT.format(node=node, claim=self.live[node])
+
+    # ---------------------------------------------------------------- elastic: nodes lost, back
+
+    def _post_change(self, change: NodeChange, client: Any) -> None:
+        n = int(client.add(_keys.NODE_NEWS, 1))
+        client.set(_keys.NODE_NEWS_ITEM.format(n=n), change.dumps())
+
+    def _read_news(self, client: Any) -> list[NodeChange]:
+        """The node changes posted since this launcher last looked (one call when none)."""
+        total = int(client.add(_keys.NODE_NEWS, 0))
+        new = []
+        while self._news_read < total:
+            key = _keys.NODE_NEWS_ITEM.format(n=self._news_read + 1)
+            if not client.check([key]):
+                break  # counted but not written yet: next beat
+            new.append(NodeChange.loads(client.get(key)))
+            self._news_read += 1
+        return new
+
+    def _take(self, change: NodeChange) -> bool:
+        """Note a node change (False: already noted): who holds which node, who is lost."""
+        with self._lock:
+            if any((c.kind, c.node, c.claim) == (change.kind, change.node, change.claim)
+                   for c in self.changes):
+                return False
+            self.changes.append(change)
+            if change.kind == "lost" and self.live.get(change.node) == change.claim:
+                self.lost.add(change.node)
+            elif change.kind == "back":
+                self.live[change.node] = change.claim
+                self.lost.discard(change.node)
+                self.nodes[change.node] = Node(change.node, change.host, self.nproc,
+                                               self.nnodes)
+            return True
+
+    def _lose(self, node: int, claim: int, why: str, client: Any) -> None:
+        """Node 0, elastic mode: post that ``node`` (its ``claim``-th launcher) is lost, once;
+        every launcher reads it, and the job goes on without the node's ranks."""
+        with self._lock:
+            if node in self.lost or self.live.get(node) != claim:
+                return
+        name = self.node(node)
+        change = NodeChange("lost", node, claim, name.host, name.rank_list(),
+                            f"{name.name()} is lost: {why}")
+        self._post_change(change, client)
+        if self._take(change):
+            self._on_change(change)
+
+    def _link_gone(self, node: int, claim: int) -> None:
+        """Node 0's link thread: the launcher of ``node`` closed its connection without a
+        bye (killed, crashed): it is lost at once, not after the grace."""
+        if self._stop.is_set() or self.verdict is not None or self.live.get(node) != claim:
+            return
+        why = "its launcher is gone (its connection to node 0 closed without a goodbye)"
+        try:
+            client = self._connect(CALL_S)
+            if int(_bounded(lambda: client.add(self._beat_key(node), 0), CALL_S)) >= DONE:
+                return  # it had finished
+            if self.elastic:
+                _bounded(lambda: self._lose(node, claim, why, client), 2 * CALL_S)
+            else:
+                self._decide(self.post("lost", f"{self.node(node).name()} is lost: {why}",
+                                       client, lost=node))
+        except Exception:  # noqa: BLE001 - our own store is gone: we are ending anyway
+            return
+
+    def _dropped(self, change: NodeChange) -> Verdict:
+        """This node was declared lost (frozen, or cut off, then back): the job went on
+        without it, so it stops its ranks."""
+        return Verdict("lost", self.index,
+                       f"this node was declared lost by node 0 ({change.text}), and the job "
+                       f"went on without its ranks. Fix: start tensorplay-run again with the "
+                       f"same flags (--node-rank {self.index}) to rejoin as a replacement",
+                       self.index)
+
+    # ---------------------------------------------------------------- the end
 
     def _store_lost(self, silent_s: float, err: BaseException, refused: bool) -> Verdict:
         why = ("refused the connection: its launcher is gone" if refused else
                f"has not answered for {silent_s:.1f} s (limit {self.grace_s:g} s, "
                f"--node-grace-s): {_said(err)}")
-        self.verdict = self.verdict or Verdict(
-            "lost", self.index, f"{self.node(0).name()}, which serves the job's store at "
-                                f"{self.addr}:{self.port}, is lost: the store {why}", 0)
+        text = (f"{self.node(0).name()}, which serves the job's store at "
+                f"{self.addr}:{self.port}, is lost: the store {why}")
+        if self.elastic:
+            text = (f"this node, {self.node(self.index).name()}, lost the job's store at "
+                    f"{self.addr}:{self.port} (served by node 0, {self.node(0).host}): the store "
+                    f"{why}; its ranks cannot go on alone. Fix: if node 0 still runs (this "
+                    f"machine was cut off), the job goes on without this node: once it reaches "
+                    f"{self.addr} again, start tensorplay-run with the same flags (--node-rank "
+                    f"{self.index}) to rejoin as a replacement; if node 0 is gone, restart the "
+                    f"job from its last checkpoint")
+        self.verdict = self.verdict or Verdict("lost", self.index, text, 0)
         return self.verdict
 
     def _decide(self, verdict: Verdict) -> None:
@@ -347,22 +564,26 @@ class Board:
 
     def beat_done(self) -> None:
         """This launcher is ending: say so (node 0 then stops watching it and may close)."""
+        if self.link is not None:
+            self.link.bye()
         if self.index == 0 or self.client is None:
             return
         if self.verdict is not None and self.verdict.lost == 0:
             return  # node 0 is lost: there is nobody to tell
         with suppress(Exception):  # the store is gone: there is nobody to tell
-            _bounded(lambda: self.client.add(_keys.NODE_BEAT.format(node=self.index), DONE), CALL_S)
+            _bounded(lambda: self.client.add(self._beat_key(self.index), DONE), CALL_S)
 
     def await_others(self, interrupted: Callable[[], bool] = lambda: False) -> bool:
         """Node 0, its ranks ended: keep serving the store until every other node is done
-        (True). Once a verdict stands, wait only ACK_S more for the others to read it, and
-        stop at once when ``interrupted()`` (False).
+        (True), nodes lost in elastic mode and not taken back aside. Once a verdict stands,
+        wait only ACK_S more for the others to read it, and stop at once when
+        ``interrupted()`` (False).
         """
         until = None
         while not interrupted():
             lost = self.verdict.lost if self.verdict is not None else None
-            keys = [_keys.NODE_BEAT.format(node=i) for i in range(1, self.nnodes) if i != lost]
+            keys = [self._beat_key(i) for i in range(1, self.nnodes)
+                    if i != lost and i not in self.lost]
             try:
                 if all(int(self.client.add(k, 0)) >= DONE for k in keys):
                     return self.verdict is None
@@ -378,6 +599,10 @@ class Board:
     def close(self) -> None:
         """Stop beating; drop the clients and the server (node 0 stops serving)."""
         self._stop.set()
+        if self.links is not None:
+            self.links.close()
+        if self.link is not None:
+            self.link.close()
         self.client = self.server = None
         for fd in self._wake:
             with suppress(OSError):

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from .. import _env
+from .. import _env, _losses
 from .._failures import VERDICT_FILE
 from ..errors import bad_argument
 from . import rank_main, store
@@ -83,6 +83,11 @@ class LaunchSpec:
         return None if self.workdir is None else os.path.join(self.workdir, "verdict")
 
     @property
+    def losses_file(self) -> str | None:
+        """Where this node's ranks read the nodes lost in elastic mode (several nodes only)."""
+        return None if self.workdir is None else os.path.join(self.workdir, "losses")
+
+    @property
     def local_ranks(self) -> range:
         """The global ranks of this node."""
         first = self.node_rank * self.nproc_per_node
@@ -91,8 +96,9 @@ class LaunchSpec:
     def global_rank(self, local_rank: int) -> int:
         return self.node_rank * self.nproc_per_node + local_rank
 
-    def rank_env(self, local_rank: int, restart: int = 0) -> dict[str, str]:
-        """The environment of one rank (``restart``: the times it was restarted before)."""
+    def rank_env(self, local_rank: int, restart: int = 0, instance: str = "") -> dict[str, str]:
+        """The environment of one rank (``restart``: the times it was restarted before;
+        ``instance``: this launcher's ``"<node>.<claim>"``, once it joined the other nodes)."""
         env = child_env(self.base_env, rank=self.global_rank(local_rank), local_rank=local_rank,
                         world_size=self.world_size, local_world_size=self.nproc_per_node,
                         node_rank=self.node_rank, master_addr=self.master_addr,
@@ -103,6 +109,10 @@ class LaunchSpec:
             env[_env.TENSORPLAY_RESTART_COUNT] = str(restart)
         if self.verdict_file:
             env[VERDICT_FILE] = self.verdict_file
+        if self.losses_file and self.elastic:
+            env[_losses.LOSSES_FILE] = self.losses_file
+        if instance:
+            env[_losses.NODE_INSTANCE] = instance
         return env
 
     def rank_args(self) -> list[str]:

@@ -52,8 +52,8 @@ from . import rank_main
 
 READY_TIMEOUT_S = 300.0  # the server's imports (torch on a loaded machine, the user's modules)
 PACKET = 1 << 20  # the largest message read (an environment fits many times over)
-RANK_VARS = ("RANK", "LOCAL_RANK", "TENSORPLAY_RESTART_COUNT", rank_main.REPORT_FD,
-             rank_main.PARENT_PID)  # not in the server's environment
+RANK_VARS = ("RANK", "LOCAL_RANK", "TENSORPLAY_RESTART_COUNT", "TENSORPLAY_NODE_INSTANCE",
+             rank_main.REPORT_FD, rank_main.PARENT_PID)  # not in the server's environment
 
 
 def unsupported() -> str | None:

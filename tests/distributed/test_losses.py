@@ -1,0 +1,57 @@
+"""The launcher's record of lost nodes as ranks read it (``_losses``), and what reads it: the
+join tokens of a lost node's processes are dead (``elastic/chain._gone``)."""
+
+from __future__ import annotations
+
+import json
+
+from tensorplay.distributed import _losses
+from tensorplay.distributed.elastic import chain
+
+LOSS = {"node": 1, "claim": 1, "ranks": [4, 5, 6, 7], "replaced": False,
+        "text": "node 1 (hostB, ranks 4-7) is lost: its launcher is gone"}
+
+
+def _told(monkeypatch, tmp_path, losses, verdict=None):
+    path = tmp_path / "losses"
+    _losses.write(str(path), losses)
+    monkeypatch.setenv(_losses.LOSSES_FILE, str(path))
+    if verdict is not None:
+        (tmp_path / "verdict").write_text(json.dumps(verdict))
+        monkeypatch.setenv(_losses.VERDICT_FILE, str(tmp_path / "verdict"))
+    else:
+        monkeypatch.delenv(_losses.VERDICT_FILE, raising=False)
+
+
+def test_outside_tensorplay_run_nothing_is_lost(monkeypatch):
+    monkeypatch.delenv(_losses.LOSSES_FILE, raising=False)
+    monkeypatch.delenv(_losses.VERDICT_FILE, raising=False)
+    assert (_losses.read(), _losses.lost_ranks(), _losses.told_lost()) == ([], [], [])
+    assert _losses.naming([0, 4]) is None
+    assert not _losses.gone("977 hostB 1.1")
+
+
+def test_a_lost_node_s_ranks_are_dead_until_a_launcher_takes_it_back(monkeypatch, tmp_path):
+    _told(monkeypatch, tmp_path, [LOSS])
+    assert _losses.lost_ranks() == [4, 5, 6, 7]
+    assert _losses.naming([0, 1, 2, 3]) is None
+    assert _losses.naming([3, 5])["text"] == LOSS["text"]
+    _told(monkeypatch, tmp_path, [{**LOSS, "replaced": True}])
+    assert _losses.lost_ranks() == []
+    assert _losses.naming([3, 5]) is None
+
+
+def test_join_tokens_of_a_lost_launcher_are_dead_those_of_its_replacement_alive(
+        monkeypatch, tmp_path):
+    monkeypatch.setenv("TENSORPLAY_HOSTNAME", "hostA")  # the deciding member runs on host A
+    _told(monkeypatch, tmp_path, [{**LOSS, "replaced": True}])
+    assert _losses.gone("977 hostB 1.1") and chain._gone("977 hostB 1.1")
+    assert not _losses.gone("1204 hostB 1.2") and not chain._gone("1204 hostB 1.2")
+    assert not chain._gone("977 hostB")  # a token without its launcher (one node): alive
+
+
+def test_the_end_of_job_waits_for_no_rank_the_launcher_said_is_gone(monkeypatch, tmp_path):
+    _told(monkeypatch, tmp_path, [LOSS, {**LOSS, "node": 2, "claim": 1, "ranks": [8, 9],
+                                         "replaced": True}],
+          verdict={"text": "node 3 (hostD, ranks 12-15) went silent", "ranks": [12, 13]})
+    assert _losses.told_lost() == [4, 5, 6, 7, 12, 13]

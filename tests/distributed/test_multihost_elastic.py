@@ -1,0 +1,148 @@
+"""Elastic jobs across hosts: a host lost, the job goes on; the host started again, the mesh
+grows back (network namespaces, tests/netns.py).
+
+The (2, 4) "dp" x "tp" job of examples/train_elastic.py, elastic on "dp", runs under one
+`tensorplay-run --max-restarts 1` per host (node 0 on host A serves the store). Every wait is
+bounded by what the test configured plus a margin scaled to the machine's speed
+(tests/timing.py); every process started is killed by pid and every namespace deleted on the
+way out (netns.Hosts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import netns, spawn, timing
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+PORT = "29519"
+GRACE_S = 10.0  # --node-grace-s's default: the hidden two-host case runs with the defaults
+EXAMPLE = str(ROOT / "examples" / "train_elastic.py")
+
+
+def _argv(hosts: netns.Hosts, node: int, script: list[str]) -> list[str]:
+    return [sys.executable, "-m", "tensorplay.distributed.run", "--nnodes", str(hosts.count),
+            "--node-rank", str(node), "--nproc-per-node", "4", "--max-restarts", "1",
+            "--master-addr", hosts.address(1), "--master-port", PORT, *script]
+
+
+def _start(hosts: netns.Hosts, node: int, script: list[str], log: Path) -> None:
+    hosts.start(node + 1, _argv(hosts, node, script), log,
+                env={"PYTHONPATH": spawn.pythonpath()})
+
+
+def _await_line(log: Path, pattern: str, hosts: netns.Hosts, limit_s: float) -> float:
+    """Wait until ``log`` has a line matching ``pattern``; the time.monotonic() it was seen.
+    Fails naming every log when a launcher of host A ended first or ``limit_s`` ran out."""
+    deadline = time.monotonic() + limit_s
+    while not re.search(pattern, log.read_text(errors="replace"), re.MULTILINE):
+        assert hosts.procs[0].poll() is None, (pattern, _logs(log.parent))
+        assert time.monotonic() < deadline, (pattern, limit_s, timing.describe(),
+                                             _logs(log.parent))
+        time.sleep(0.1)
+    return time.monotonic()
+
+
+def _logs(tmp: Path) -> str:
+    return "\n".join(f"==== {p.name}\n{p.read_text(errors='replace')}"
+                     for p in sorted(tmp.glob("*.log")))
+
+
+def _kill_whole(pid: int) -> None:
+    """SIGKILL a launcher and everything below it (its ranks, its warm process): a host
+    lost whole, as a kernel panic leaves it (pids this test started, found through /proc)."""
+    for p in [pid, *netns.descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
+def test_a_host_killed_whole_the_other_trains_on_and_its_replacement_grows_the_mesh_back(
+        tmp_path):
+    netns.require()
+    script = [EXAMPLE, "--steps", "8", "--step-s", "0.5", "--wait-full-s",
+              str(timing.guard(240)), "--verbose"]
+    logs = {name: tmp_path / f"{name}.log" for name in ("hostA", "hostB", "hostB-again")}
+    with netns.Hosts(2) as hosts:
+        _start(hosts, 0, script, logs["hostA"])
+        _start(hosts, 1, script, logs["hostB"])
+        _await_line(logs["hostA"], r"^\[rank 0\] step 3/8", hosts, timing.guard(240))
+        killed = time.monotonic()
+        _kill_whole(hosts.procs[1].pid)
+        shrunk = _await_line(logs["hostA"], r"^\[rank 0\] step \d+/8  mesh \(1, 4\)", hosts,
+                             timing.guard(120))
+        _start(hosts, 1, script, logs["hostB-again"])
+        _await_line(logs["hostA"], r"mesh grew back to \(2, 4\)", hosts, timing.guard(240))
+        codes = hosts.wait_all(timeout=timing.guard(180))
+        text = _logs(tmp_path)
+    a, again = logs["hostA"].read_text(), logs["hostB-again"].read_text()
+    assert codes == [0, -signal.SIGKILL, 0], (codes, text)
+    assert shrunk - killed < timing.bound(GRACE_S, 5), (shrunk - killed, timing.describe(), text)
+    assert "[rank 0] OK: matches single-process training" in a, text
+    assert ("tensorplay-run: node 1 (hostB, ranks 4-7) is lost: its launcher is gone" in a), a
+    assert "elastic mode: ranks 0-3 on this node go on without its ranks 4-7." in a, a
+    assert "tensorplay-run: this launcher takes back node 1, which the job declared lost" \
+        in again, again
+    assert re.search(r"^\[rank [4-7]\] rank [4-7] restarted at .* joined the mesh \(2, 4\)",
+                     again, re.MULTILINE), again
+
+
+def test_a_host_lost_below_elastic_min_ends_every_process_promptly_naming_it(tmp_path):
+    netns.require()
+    script = [EXAMPLE, "--steps", "40", "--step-s", "0.5", "--min-replicas", "2"]
+    logs = {name: tmp_path / f"{name}.log" for name in ("hostA", "hostB")}
+    with netns.Hosts(2) as hosts:
+        _start(hosts, 0, script, logs["hostA"])
+        _start(hosts, 1, script, logs["hostB"])
+        _await_line(logs["hostA"], r"^\[rank 0\] step 3/40", hosts, timing.guard(240))
+        killed = time.monotonic()
+        _kill_whole(hosts.procs[1].pid)
+        code = hosts.procs[0].wait(timeout=timing.guard(120))
+        took = time.monotonic() - killed
+        text = _logs(tmp_path)
+    a = logs["hostA"].read_text()
+    assert code != 0, text
+    assert took < timing.bound(GRACE_S, 10), (took, timing.describe(), text)
+    assert "ShrinkError: mesh dim 'dp' would keep 1 of its 2 slices, below its minimum of 2" \
+        in a, a
+    last = a.strip().splitlines()[-1]
+    assert last.startswith("tensorplay-run: the job stopped after node 1 (hostB, ranks 4-7) "
+                           "is lost: its launcher is gone"), a
+
+
+CUT_GRACE_S = 3  # TENSORPLAY_NODE_GRACE_S here: a cut link is judged by the heartbeat alone
+
+
+def test_a_host_cut_off_stops_itself_and_the_other_host_trains_on_to_the_end(tmp_path):
+    netns.require()
+    script = [EXAMPLE, "--steps", "30", "--step-s", "0.5"]
+    logs = {name: tmp_path / f"{name}.log" for name in ("hostA", "hostB")}
+    with netns.Hosts(2) as hosts:
+        for node in (0, 1):
+            hosts.start(node + 1, _argv(hosts, node, script), logs[f"host{'AB'[node]}"],
+                        env={"PYTHONPATH": spawn.pythonpath(),
+                             "TENSORPLAY_NODE_GRACE_S": str(CUT_GRACE_S)})
+        _await_line(logs["hostA"], r"^\[rank 0\] step 3/30", hosts, timing.guard(240))
+        cut = time.monotonic()
+        hosts.cut(2)
+        shrunk = _await_line(logs["hostA"], r"^\[rank 0\] step \d+/30  mesh \(1, 4\)", hosts,
+                             timing.guard(120))
+        codes = hosts.wait_all(timeout=timing.guard(180))
+        text = _logs(tmp_path)
+    a, b = logs["hostA"].read_text(), logs["hostB"].read_text()
+    assert codes[0] == 0 and codes[1] not in (0, None), (codes, text)
+    assert shrunk - cut < timing.bound(CUT_GRACE_S, 8), (shrunk - cut, timing.describe(), text)
+    assert "[rank 0] OK: matches single-process training" in a, text
+    assert "tensorplay-run: node 1 (hostB, ranks 4-7) is lost: went silent: no heartbeat for" \
+        in a, a
+    assert "tensorplay-run: this node, node 1 (hostB, ranks 4-7), lost the job's store at " \
+        "198.18.0.1:" in b, b
+    assert "to rejoin as a replacement" in b.strip().splitlines()[-1], b
