@@ -208,6 +208,12 @@ def test_a_new_epoch_makes_fresh_groups_and_keys(fake_world):
     assert new.get_group("dp").ranks == [1, 5]
     assert world.spmd.key(_keys.CHECK_OUTCOME, n=1) == "e1/check/1/outcome"
     assert world.spmd.counts() == {}  # counters restart in the new epoch
+    # the whole world flattened in the new epoch: a group of its own, not the old world group
+    # (kept retired, so that its use says so)
+    flat = new.flatten().get_group()
+    assert flat is not world.default_group and not flat.retired
+    assert flat.ranks == list(range(8)) and flat.name.startswith("fake-e1-")
+    assert world.default_group.retired
 
 
 def test_one_rank_needs_no_address(monkeypatch):

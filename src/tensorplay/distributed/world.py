@@ -116,7 +116,8 @@ class World:
         backend = backend or self.backend
         key = (ranks.key(), backend)
         group = self._registry.find(key)
-        if group is None:
+        if group is None or group.retired:  # retired: the old epoch's world group, kept so that
+            # its use says so; a mesh dim of the same ranks in this epoch gets a group of its own
             name = group_name(ranks, backend, self.spmd.epoch)
             group = self._register(ranks, backend, name, None, kind, bound=False)
             if group.is_member:
