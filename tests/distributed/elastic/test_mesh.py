@@ -171,8 +171,9 @@ def assert_shrunk(out: str, survivors: list[int], spares: list[int], kept: list[
 
 
 def test_a_killed_tp_member_shrinks_the_mesh_and_its_replacement_grows_it_back():
-    # 1 s steps, longer on a busy machine: the replacement must be back before the last one
-    step_s = min(timing.factor(), 2.0)
+    # 0.5 s steps, longer on a busy machine: the replacement (a warm fork) must be back
+    # before the last one
+    step_s = min(0.5 * timing.factor(), 2.0)
     code, out, took = run("--steps", "9", "--kill", "5@3", "--verbose", "--step-s",
                           f"{step_s:.2f}", restarts=1)
     assert code == 0, out[-4000:]
@@ -228,16 +229,16 @@ def test_rank_0s_replacement_lost_as_it_joins_and_the_next_one_grows_the_mesh_ba
     """Rank 0 killed in step 4; its first replacement SIGKILLs itself 0.5 s after it starts to
     join (waiting, or as the mesh grows: a lost rank like any other, no member waits for it);
     the second completes replica 0 again. Every process ends cleanly: exit 0, no abort."""
-    step_s = min(timing.factor(), 2.0)
-    code, out, _ = run("--steps", "12", "--kill", "0@3", "--die-in-join", "0", "--verbose",
-                       "--step-s", f"{step_s:.2f}", restarts=2)
+    step_s = min(0.3 * timing.factor(), 1.0)  # the members wait for the full mesh at the end
+    code, out, _ = run("--steps", "9", "--kill", "0@3", "--die-in-join", "0", "--verbose",
+                       "--step-s", f"{step_s:.2f}", "--wait-full-s", f"{timing.guard(30):.0f}",
+                       restarts=2)
     assert code == 0, out[-4000:]
     assert "rank 0 lost (killed by signal SIGKILL); elastic mode: restarting it (restart 1" in out
     assert "rank 0 lost (killed by signal SIGKILL); elastic mode: restarting it (restart 2" in out
     assert re.search(r"\[rank 0\] rank 0 restarted at t=[\d.]+, joined the mesh \(2, 4\) "
                      r"at epoch \d+", out), out[-4000:]
-    assert re.search(r"\[rank 0\] step 12/12  mesh \(2, 4\) epoch \d+ ", out), out[-4000:]
-    assert "[rank 0] OK: matches single-process training" in out
+    assert "[rank 0] OK: matches single-process training" in out  # rank 0 is at [0, 0] again
     assert "SIGABRT" not in out and "terminate called" not in out, out[-4000:]
 
 

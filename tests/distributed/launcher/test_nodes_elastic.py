@@ -78,8 +78,9 @@ def test_a_node_whose_launcher_died_is_lost_at_once_and_a_new_launcher_takes_it_
 
 def test_a_second_claim_of_a_live_node_is_refused_after_the_grace_and_the_job_goes_on(tmp_path):
     script, stop = job(tmp_path, BODY), tmp_path / "stop"
-    env = {"TENSORPLAY_NODE_GRACE_S": "10"}  # the default: the refusal comes after it (a
-    # shorter grace on a loaded machine declares live nodes lost: a store call takes seconds)
+    # the refusal comes after the grace; a short one on a loaded machine declares live nodes
+    # lost (a store call takes seconds there), so it grows with the machine's slowness
+    env = {"TENSORPLAY_NODE_GRACE_S": f"{max(4.0, 2.5 * timing.factor()):.1f}"}
     with Nodes(tmp_path, 2, "--nproc-per-node", "1", "--max-restarts", "1") as nodes:
         nodes.start(0, script, env=env)
         nodes.start(1, script, env=env)
