@@ -55,3 +55,18 @@ def test_the_end_of_job_waits_for_no_rank_the_launcher_said_is_gone(monkeypatch,
                                          "replaced": True}],
           verdict={"text": "node 3 (hostD, ranks 12-15) went silent", "ranks": [12, 13]})
     assert _losses.told_lost() == [4, 5, 6, 7, 12, 13]
+
+
+def test_ranks_admitted_from_a_new_launcher_are_not_named_before_the_launcher_hears_of_it(
+        monkeypatch, tmp_path):
+    # node 1's second launcher (claim 2) started ranks 4-7 and the members admitted them, but
+    # this rank's launcher has not yet marked the loss of "1.1" replaced
+    _told(monkeypatch, tmp_path, [LOSS])
+    again = {4: "1.2", 5: "1.2", 6: "1.2", 7: "1.2"}
+    assert _losses.lost_ranks(again) == []
+    assert _losses.naming(range(8), again) is None
+    assert _losses.lost_ranks({4: "1.2"}) == [5, 6, 7]  # only rank 4 is known to be new
+    assert _losses.naming([0, 5], {4: "1.2"})["text"] == LOSS["text"]
+    assert _losses.lost_ranks({4: "1.1"}) == [4, 5, 6, 7]  # admitted from the lost launcher
+    assert _losses.instance_of("1204 hostB 1.2") == "1.2"
+    assert _losses.instance_of("1204 hostB") == ""

@@ -45,9 +45,9 @@ def _await_line(log: Path, pattern: str, hosts: netns.Hosts, limit_s: float) -> 
     Fails naming every log when a launcher of host A ended first or ``limit_s`` ran out."""
     deadline = time.monotonic() + limit_s
     while not re.search(pattern, log.read_text(errors="replace"), re.MULTILINE):
-        assert hosts.procs[0].poll() is None, (pattern, _logs(log.parent))
-        assert time.monotonic() < deadline, (pattern, limit_s, timing.describe(),
-                                             _logs(log.parent))
+        assert hosts.procs[0].poll() is None, f"{pattern}\n{_logs(log.parent)}"
+        assert time.monotonic() < deadline, \
+            f"{pattern}: not within {limit_s:.0f} s ({timing.describe()})\n{_logs(log.parent)}"
         time.sleep(0.1)
     return time.monotonic()
 
@@ -84,8 +84,9 @@ def test_a_host_killed_whole_the_other_trains_on_and_its_replacement_grows_the_m
         codes = hosts.wait_all(timeout=timing.guard(180))
         text = _logs(tmp_path)
     a, again = logs["hostA"].read_text(), logs["hostB-again"].read_text()
-    assert codes == [0, -signal.SIGKILL, 0], (codes, text)
-    assert shrunk - killed < timing.bound(GRACE_S, 5), (shrunk - killed, timing.describe(), text)
+    assert codes == [0, -signal.SIGKILL, 0], f"{codes}\n{text}"
+    assert shrunk - killed < timing.bound(GRACE_S, 5), \
+        f"{shrunk - killed:.1f} s ({timing.describe()})\n{text}"
     assert "[rank 0] OK: matches single-process training" in a, text
     assert ("tensorplay-run: node 1 (hostB, ranks 4-7) is lost: its launcher is gone" in a), a
     assert "elastic mode: ranks 0-3 on this node go on without its ranks 4-7." in a, a
@@ -110,7 +111,7 @@ def test_a_host_lost_below_elastic_min_ends_every_process_promptly_naming_it(tmp
         text = _logs(tmp_path)
     a = logs["hostA"].read_text()
     assert code != 0, text
-    assert took < timing.bound(GRACE_S, 10), (took, timing.describe(), text)
+    assert took < timing.bound(GRACE_S, 10), f"{took:.1f} s ({timing.describe()})\n{text}"
     assert "ShrinkError: mesh dim 'dp' would keep 1 of its 2 slices, below its minimum of 2" \
         in a, a
     last = a.strip().splitlines()[-1]
@@ -138,8 +139,9 @@ def test_a_host_cut_off_stops_itself_and_the_other_host_trains_on_to_the_end(tmp
         codes = hosts.wait_all(timeout=timing.guard(180))
         text = _logs(tmp_path)
     a, b = logs["hostA"].read_text(), logs["hostB"].read_text()
-    assert codes[0] == 0 and codes[1] not in (0, None), (codes, text)
-    assert shrunk - cut < timing.bound(CUT_GRACE_S, 8), (shrunk - cut, timing.describe(), text)
+    assert codes[0] == 0 and codes[1] not in (0, None), f"{codes}\n{text}"
+    assert shrunk - cut < timing.bound(CUT_GRACE_S, 8), \
+        f"{shrunk - cut:.1f} s ({timing.describe()})\n{text}"
     assert "[rank 0] OK: matches single-process training" in a, text
     assert "tensorplay-run: node 1 (hostB, ranks 4-7) is lost: went silent: no heartbeat for" \
         in a, a

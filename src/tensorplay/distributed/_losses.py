@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 LOSSES_FILE = "TENSORPLAY_RUN_LOSSES_FILE"  # set by tensorplay-run on several nodes
@@ -59,10 +59,14 @@ def read() -> list[dict[str, Any]]:
     return found if isinstance(found, list) else []
 
 
-def lost_ranks() -> list[int]:
+def lost_ranks(since: Mapping[int, str] | None = None) -> list[int]:
     """The ranks of the nodes that are lost and not replaced: [4, 5, 6, 7] after node 1 of
-    (2 nodes x 4 ranks) was lost, [] again once a launcher took node 1 back."""
-    return sorted({r for loss in read() if not loss.get("replaced") for r in loss["ranks"]})
+    (2 nodes x 4 ranks) was lost, [] again once a launcher took node 1 back. ``since``: the
+    ranks admitted into the mesh from a later launcher (rank -> its instance): a loss does
+    not name them, though this rank's launcher may not have heard of that launcher yet
+    ({4: "1.2", ...}: ranks 4-7 run again on node 1's second launcher, so the loss of
+    "1.1" names none of them)."""
+    return sorted({r for loss in read() for r in loss["ranks"] if _names(loss, r, since)})
 
 
 def told_lost() -> list[int]:
@@ -81,13 +85,28 @@ def told_lost() -> list[int]:
     return sorted(found)
 
 
-def naming(ranks: Iterable[int]) -> dict[str, Any] | None:
-    """The first loss not replaced that names one of ``ranks`` (None: none does)."""
+def naming(ranks: Iterable[int], since: Mapping[int, str] | None = None
+           ) -> dict[str, Any] | None:
+    """The first loss not replaced that names one of ``ranks`` (None: none does);
+    ``since`` as for ``lost_ranks``."""
     wanted = set(ranks)
     for loss in read():
-        if not loss.get("replaced") and wanted & set(loss["ranks"]):
+        if any(_names(loss, r, since) for r in loss["ranks"] if r in wanted):
             return loss
     return None
+
+
+def _names(loss: dict[str, Any], rank: int, since: Mapping[int, str] | None) -> bool:
+    """Whether ``loss`` (not replaced) still names ``rank``: the process now running it is
+    not known to come from another launcher instance than the lost one."""
+    lost = _instance_lost(loss)
+    return (not loss.get("replaced") and rank in loss["ranks"]
+            and (since or {}).get(rank, lost) == lost)
+
+
+def _instance_lost(loss: dict[str, Any]) -> str:
+    """The launcher instance a loss is about: "1.1" for node 1's first launcher."""
+    return f"{loss['node']}.{loss['claim']}"
 
 
 def instance() -> str:
@@ -100,7 +119,11 @@ def gone(token: str) -> bool:
     """Whether a join token (``"<pid> <host> <node>.<claim>"``) names a process on a node
     that was declared lost: "977 hostB 1.1" after node 1's first launcher was lost. Tokens
     without an instance (one node) are never gone here."""
+    made_by = instance_of(token)
+    return bool(made_by) and any(_instance_lost(loss) == made_by for loss in read())
+
+
+def instance_of(token: str) -> str:
+    """The launcher instance a join token names ("1.2" of "1204 hostB 1.2"; "" without)."""
     parts = token.split()
-    if len(parts) < 3:
-        return False
-    return any(f"{loss['node']}.{loss['claim']}" == parts[2] for loss in read())
+    return parts[2] if len(parts) >= 3 else ""

@@ -235,7 +235,7 @@ def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float = WAIT_S,
         lost = agree_lost(board, plan.epoch, world.rank, members, suspects,
                           wait_s=wait_s, timeout_s=limit,
                           dead=lambda: [r for r, _ in dead_on_this_host(world, 0.0)]
-                          + _losses.lost_ranks())
+                          + _losses.lost_ranks(session_of(world).instances))
         names = spec.names
         shrunk = shrink(spec.shape, members, plan.dim, lost, minimum=plan.minimum,
                         dim_name=names[plan.dim] if names else None)

@@ -6,12 +6,13 @@ One ``Session`` per world, attached through the world's two hooks and nothing el
 fatal (``_failures`` then advises ``mesh.recover(err)`` and compares no call counts).
 
 The watcher: when a recovery of the current epoch begins anywhere, or the launcher says a
-node holding members of it was lost (``_losses``), it breaks this rank's groups of that epoch
-(``World.sever_epoch``). A rank blocked in a collective whose peer never
-comes (stalled, or blocked itself) then fails at once and comes to the recovery, instead of
-waiting out its timeout and being declared lost. One peek on its own store connection every
-WATCH_S (x world size / 1,000): 40 requests a second at the store for 8 ranks, 5,000 for
-100,000 ranks (every 20 s each).
+node holding members of it was lost (``_losses``; not members admitted since from a new
+launcher of that node, which this rank's launcher may hear of only after they joined), it
+breaks this rank's groups of that epoch (``World.sever_epoch``). A rank blocked in a
+collective whose peer never comes (stalled, or blocked itself) then fails at once and comes
+to the recovery, instead of waiting out its timeout and being declared lost. One peek on its
+own store connection every WATCH_S (x world size / 1,000): 40 requests a second at the store
+for 8 ranks, 5,000 for 100,000 ranks (every 20 s each).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class Session:
         self.shape: tuple[int, ...] | None = None  # the newest elastic mesh's shape
         self.recoveries: list[Recovery] = []  # one per epoch change this rank went through
         self._tells = False  # this rank sends the records to tensorplay-run (see record)
+        self.instances: dict[int, str] = {}  # rank -> launcher instance of its admitted
+        # process ("1.2"): a loss of node 1's first launcher no longer names it (_losses)
         world.at_destroy(self.finish)
         world.expect_losses(FIX_ELASTIC)
         self._watch()
@@ -53,6 +56,8 @@ class Session:
         self.shape = tuple(decision["shape"])
         for rank, who in decision.get("admitted", {}).items():
             pid, host = who.split()[:2]
+            if _losses.instance_of(who):
+                self.instances[int(rank)] = _losses.instance_of(who)
             if host == _env.hostname():
                 self._world.note_pid(int(rank), int(pid))
 
@@ -95,7 +100,7 @@ class Session:
             while world.alive:
                 epoch = world.spmd.epoch
                 with suppress(Exception):  # the store gone: the main thread will say so
-                    loss = _losses.naming(world.members())
+                    loss = _losses.naming(world.members(), self.instances)
                     if loss is not None:  # a node lost: whoever is blocked with it is freed
                         board.post(_keys.ELASTIC_RECOVERING.format(epoch=epoch),
                                    f"{world.rank} {loss['text']}")
