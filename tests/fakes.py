@@ -286,6 +286,9 @@ class ThreadEngine:
     def close_group(self, engine_group: Any) -> None:
         """Nothing to tear down."""
 
+    def set_timeout(self, engine_group: Any, timeout: Any) -> None:
+        """Nothing to change: a thread group waits only while it is made."""
+
 
 class ThreadRanks:
     """n ranks of one world as threads over one MemoryStore (see the module docstring).
@@ -304,6 +307,10 @@ class ThreadRanks:
         self.host_pids = host_pids
         self.strict = strict
         self._worlds: dict[int, Any] = {}
+        from tensorplay.distributed import _env, _keys
+
+        # every rank on this host, as init_process_group's host exchange would have posted
+        self.store.connection().set(_keys.HOSTS, "\n".join([_env.hostname()] * n))
 
     def world(self, rank: int) -> Any:
         """Rank ``rank``'s World, made on first use: the one place a rank's world is built."""

@@ -308,6 +308,12 @@ class Severable(Protocol):
         its resources go with its last reference. Never waits on a peer."""
         ...
 
+    def set_timeout(self, engine_group: Any, timeout: timedelta) -> None:
+        """How long one engine group's calls wait from now on: a grown epoch's groups are
+        made within a short bound (a rank that died on its way in costs seconds, not the
+        world's timeout), then given the world's timeout for their collectives."""
+        ...
+
 
 @runtime_checkable
 class GathersText(Protocol):

@@ -47,6 +47,8 @@ ELASTIC_POLL = "elastic/e{epoch}/poll/{n}"  # the members' n-th grow() poll in e
 RECOVER_HERE = "recover/e{epoch}/here/{rank}"  # a survivor of epoch k: its suspects, its dead
 RECOVER_VERDICT = "recover/e{epoch}/verdict"  # the lost ranks of epoch k (or a refusal), decided
 ELASTIC_WANT = "elastic/want/{rank}"  # a rank waiting to join: "<token>" (a replacement, a spare)
+ELASTIC_ENTERED = "elastic/e{epoch}/entered/{rank}"  # a fresh rank of epoch k reached it
+ELASTIC_ENTERED_VERDICT = "elastic/e{epoch}/entered"  # the fresh ranks lost on the way (decided)
 
 # -- launcher keys: the launchers of one job across nodes (``launcher/nodes.py``) -------------
 NODE_CLAIM = "tensorplay-run/claim/{node}"  # how many launchers claimed node index i (add)

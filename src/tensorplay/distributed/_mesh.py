@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import _env
@@ -759,11 +760,12 @@ def eagerness(given: object) -> tuple[bool, bool]:
     return given, given
 
 
-def _make_groups(world: World, spec: MeshSpec, backends: Sequence[str], make: bool = True
-                 ) -> tuple[ProcessGroup, ...]:
+def _make_groups(world: World, spec: MeshSpec, backends: Sequence[str], make: bool = True,
+                 within: timedelta | None = None) -> tuple[ProcessGroup, ...]:
     """This rank's group along each dim, in dim order; () when the mesh does not hold it.
-    ``make``: engine groups not made yet are made now, in dim order; else each at its first
-    use (a collective, ``engine_group``), by its members.
+    ``make``: engine groups not made yet are made now, in dim order (each ``within`` that
+    long, if given: ``World.group``); else each at its first use (a collective,
+    ``engine_group``), by its members.
 
     A group's errors name it by its dim: "the 'dp' group [1, 5]"; a group this call creates
     is described to the engine as torch describes its own meshes' groups: "mesh_dp" ("mesh_dp_cp"
@@ -781,7 +783,7 @@ def _make_groups(world: World, spec: MeshSpec, backends: Sequence[str], make: bo
         # repr(line) costs O(1) (a long group shows as its ends and size): this runs per dim
         with named_failures(world, f"creating the group of mesh dim {name!r} ({line!r})"):
             groups.append(world.group(line, backends[d], repr(name), desc, make=make,
-                                      use=use))
+                                      use=use, within=within))
     return tuple(groups)
 
 

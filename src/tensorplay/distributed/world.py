@@ -101,7 +101,8 @@ class World:
         return self._registry.find((ranks.key(), backend or self.backend))
 
     def group(self, ranks: Ranks, backend: str | None = None, kind: str = "",
-              desc: str = "", *, make: bool = True, use: str = "") -> ProcessGroup:
+              desc: str = "", *, make: bool = True, use: str = "",
+              within: timedelta | None = None) -> ProcessGroup:
         """The group of ``ranks`` on ``backend``: reused when registered, else registered now.
 
         Only members make the engine group: now when ``make`` (then also one registered
@@ -111,7 +112,8 @@ class World:
         group [1, 5]"); ``desc`` is the engine group's description (torch's ``group_desc``:
         "mesh_dp" for a mesh dim, as torch's own meshes name theirs), else the words of
         ``kind``; ``use`` says which mesh dim asked ("'ep' of (pp, dp_replicate, efsdp, ep)"),
-        listed by ``communicators()``.
+        listed by ``communicators()``. ``within``: made now, it must be made within that long
+        (then its calls wait the world's timeout), else the world's timeout bounds it too.
         """
         backend = backend or self.backend
         key = (ranks.key(), backend)
@@ -126,18 +128,20 @@ class World:
         if use:
             self._registry.note_use(key, use)
         if make and group.maker is not None and not group.retired:
-            self._make(group, desc or kind or "new_group")
+            self._make(group, desc or kind or "new_group", within)
         return group
 
-    def _make(self, group: ProcessGroup, desc: str) -> None:
+    def _make(self, group: ProcessGroup, desc: str, within: timedelta | None = None) -> None:
         """Make ``group``'s engine group on this member (the others make it at the same
         point) and bind its collectives."""
         ranks, backend = group.rank_seq, group.backend
         what = desc if not desc.startswith("mesh_") else f"mesh dim {desc[5:]!r}"
         engine_group = unless_told(
             lambda: f"creating the group [{format_ranks(ranks.tolist())}] ({what})", self,
-            backend, lambda: self.engine.new_group(group.name, ranks, backend, self.timeout,
-                                                   desc))
+            backend, lambda: self.engine.new_group(group.name, ranks, backend,
+                                                   within or self.timeout, desc))
+        if within is not None and isinstance(self.engine, Severable):
+            self.engine.set_timeout(engine_group, self.timeout)
         self._registry.created += 1
         group.bind(engine_group, self._ops(group, engine_group))  # clears group.maker
 

@@ -24,8 +24,10 @@ from tensorplay.distributed.errors import (
     DistributedTimeoutError,
     MembersFinished,
     ShrinkError,
+    StaleEpochError,
     UnknownDimError,
 )
+from tests import timing
 from tests.fakes import MemoryStore, ThreadRanks
 
 PLAN = Elastic(dim=0, minimum=1, full_shape=(2, 4), full_ranks=tuple(range(8)), epoch=1)
@@ -199,15 +201,19 @@ def test_roles_and_abstract_hold_through_a_shrink_and_a_grow_back():
     would write), on every rank that stays."""
     from tensorplay.distributed.elastic import mesh as elastic_mesh
 
+    grow_back = {"epoch": 2, "shape": [2, 2], "ranks": [0, 1, 2, 3], "fresh": [2, 3]}
+
     def rank_main(world):
         mesh = elastic_mesh.init(world, "cpu", (2, 2), ("dp", "tp"), ("gloo", "gloo"), False,
                                  (0, 1), given=True, roles=("replicate", "tensor"))
-        shrunk = enter(world, mesh, mesh._plan, {"epoch": 1, "shape": [1, 2], "ranks": [0, 1],
-                                                 "lost": [3], "spares": [2]},
-                       kind="shrink")
-        grown = enter(world, shrunk, shrunk._plan, {"epoch": 2, "shape": [2, 2],
-                                                    "ranks": [0, 1, 2, 3], "fresh": [2, 3]},
-                      kind="grow")
+        try:
+            shrunk = enter(world, mesh, mesh._plan, {"epoch": 1, "shape": [1, 2],
+                                                     "ranks": [0, 1], "lost": [3],
+                                                     "spares": [2]}, kind="shrink")
+        except StaleEpochError as told:  # the lost rank is told to leave; it comes back
+            # (as its replacement would) when the mesh grows back
+            return str(told), enter(world, mesh, mesh._plan, grow_back, kind="join").abstract
+        grown = enter(world, shrunk, shrunk._plan, grow_back, kind="grow")
         return mesh.abstract, shrunk.abstract, grown.abstract, grown.mesh_dim_roles
 
     out = ThreadRanks(4).run(rank_main)
@@ -216,4 +222,81 @@ def test_roles_and_abstract_hold_through_a_shrink_and_a_grow_back():
         assert first.roles == ("replicate", "tensor") and roles == {"dp": "replicate",
                                                                     "tp": "tensor"}
         assert shrunk.shape == (1, 2) and shrunk.roles == first.roles and shrunk != first
-    assert "agreed it was lost" in str(out[3])  # the lost rank is told to leave
+    told, back = out[3]
+    assert "agreed it was lost" in told and back == out[0][0]
+
+
+LOST = {"epoch": 1, "shape": [1, 2], "ranks": [0, 1], "lost": [3], "spares": [2]}
+BACK = {"epoch": 2, "shape": [2, 2], "ranks": [0, 1, 2, 3], "fresh": [2, 3]}
+
+
+def _grow_without_rank_3(world, back):
+    """4 thread ranks, (2, 2) elastic on dim 0: rank 3 lost (it leaves), then admitted again
+    at epoch 2 (``back``) but never there; on ranks 0-2, what grow() would return."""
+    from tensorplay.distributed.elastic import mesh as elastic_mesh
+
+    mesh = elastic_mesh.init(world, "cpu", (2, 2), ("dp", "tp"), ("gloo", "gloo"), False,
+                             (0, 1), given=True)
+    try:
+        shrunk = enter(world, mesh, mesh._plan, LOST, kind="shrink")
+    except StaleEpochError:
+        return None
+    grown = enter(world, shrunk, shrunk._plan, back, kind="grow")
+    return grown.epoch, grown.shape, grown.get_coordinate(), grown.last_recovery
+
+
+def test_a_rank_admitted_that_died_before_it_entered_is_lost_at_once(monkeypatch):
+    """Rank 3's replacement admitted into epoch 2 (its token: a pid on this host that has
+    ended): ranks 0-2 do not wait for it (ENTER_S is set far longer than the test may take);
+    they recover from epoch 2 at once, to epoch 3 without its slice, rank 2 a spare again."""
+    bound_s = timing.guard(60)
+    monkeypatch.setattr(_elastic, "ENTER_S", bound_s)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    back = {**BACK, "admitted": {"3": f"{child.pid} {_env.hostname()}"}}
+    began = time.monotonic()
+    out = ThreadRanks(4).run(_grow_without_rank_3, back)
+    assert time.monotonic() - began < bound_s
+    for rank, (epoch, shape, coordinate, record) in enumerate(out[:3]):
+        assert (epoch, shape) == (3, (1, 2)), out
+        assert coordinate == ([0, rank] if rank < 2 else None)
+        assert record.kind == "shrink" and record.lost_ranks == (3,)
+
+
+def test_a_rank_admitted_that_never_enters_is_lost_after_enter_s(monkeypatch):
+    """Rank 3 admitted but neither there nor seen dead (as on another host): the others wait
+    ENTER_S, then recover from epoch 2 as above."""
+    monkeypatch.setattr(_elastic, "ENTER_S", 0.5)
+    out = ThreadRanks(4).run(_grow_without_rank_3, BACK)
+    assert [o[:2] for o in out[:3]] == [(3, (1, 2))] * 3, out
+
+
+def test_a_rank_that_entered_but_died_as_the_groups_are_made_costs_enter_s_not_the_timeout(
+        monkeypatch):
+    """Rank 3 arrives at epoch 2 (its mark posted), then is gone before it makes its groups:
+    the others' group making gives up after ENTER_S (not the world's timeout, set far longer
+    here) and they recover from epoch 2 as above."""
+    timeout_s = timing.guard(60)
+    monkeypatch.setattr(_elastic, "ENTER_S", 1.0)
+
+    def rank_main(world):
+        if world.rank != 3:
+            return _grow_without_rank_3(world, BACK)
+        from tensorplay.distributed.elastic import mesh as elastic_mesh
+
+        mesh = elastic_mesh.init(world, "cpu", (2, 2), ("dp", "tp"), ("gloo", "gloo"), False,
+                                 (0, 1), given=True)
+        with pytest.raises(StaleEpochError):
+            enter(world, mesh, mesh._plan, LOST, kind="shrink")
+        world.open_epoch(2, present=BACK["ranks"])
+        return _elastic.enter_together(_elastic.board_of(world), BACK, 3, lambda: [])
+
+    threads = ThreadRanks(4, timeout_s=timeout_s)
+    threads.engine.meets = True  # a group is made once all its members make it, as gloo's
+    began = time.monotonic()
+    out = threads.run(rank_main)
+    assert time.monotonic() - began < timeout_s
+    assert out[3] == []  # every fresh rank had arrived
+    for rank, (epoch, shape, coordinate, record) in enumerate(out[:3]):
+        assert (epoch, shape) == (3, (1, 2)), out
+        assert record.kind == "shrink" and record.lost_ranks == (3,)

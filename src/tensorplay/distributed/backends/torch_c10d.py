@@ -357,6 +357,10 @@ class TorchEngine:
         if self._sockets is None:
             self._sockets = {}
 
+    def set_timeout(self, engine_group: Any, timeout: timedelta) -> None:
+        """torch's own per-group setter (gloo and NCCL backends)."""
+        c10d._set_pg_timeout(timeout, engine_group)
+
     def sever(self, engine_group: Any) -> None:
         """Shut down the sockets the group opened as it was made (gloo connects every pair
         then; ``_sockets``): a call blocked in it, here or at a peer, reads end of stream and

@@ -17,7 +17,11 @@ rank that moves on reads the same record, so nobody's own view changes the membe
   process is gone (on the deciding member's host, where its pid can be looked up; on another
   host, when the launchers declared its node lost) is not admitted: a rank that died while it
   waited is lost like any other, and its slice stays out until a replacement posts a live
-  token.
+  token;
+- before a grown epoch's groups are made, its ranks wait for its fresh ranks to arrive
+  (``enter_together``): one that died after its admission (or is not there within
+  ENTER_S) is lost, decided once under ``elastic/e<k>/entered``, and the ranks recover from
+  that epoch at once instead of waiting for it in the groups' rendezvous.
 
 Worked example, (2, 4) named ("dp", "tp"), elastic "dp", rank 5 SIGKILLed at step 4:
 
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +53,7 @@ if TYPE_CHECKING:
     from ..world import World
 
 POLL_S = 0.05  # how often a waiting rank reads the chain
+ENTER_S = 30.0  # how long after a grow decision its fresh ranks have to arrive (enter_together)
 
 
 @dataclass(frozen=True)
@@ -180,6 +186,33 @@ def await_admission(board: Board, rank: int, token: str, epoch: int,
                 fix="Fix: the members admit waiting ranks only in mesh.grow(), once every rank "
                     "of a removed slice waits: call mesh.grow() once per step on every member, "
                     "and keep the spares of a removed slice waiting in mesh.grow()")
+        time.sleep(POLL_S)
+
+
+def enter_together(board: Board, decision: dict[str, Any], rank: int,
+                   dead: Callable[[], Iterable[int]]) -> list[int]:
+    """The fresh ranks of the epoch ``decision`` opens that will never arrive ([] when every
+    one did), the same list on every rank of its mesh: the first rank to see them all
+    arrive, one of them dead (``dead()``, asked at every poll), or ENTER_S run out,
+    decides. A fresh rank posts its arrival first. O(fresh ranks) per poll.
+
+    Worked example: rank 0's replacement admitted into epoch 2 at (2, 4), then SIGKILLed
+    before it reads the decision: ranks 1-7 see its pid gone and get [0]; a rank that arrived
+    a moment before the decision was written gets [0] too, not []."""
+    epoch, fresh = decision["epoch"], list(decision.get("fresh", ()))
+    verdict = _keys.ELASTIC_ENTERED_VERDICT.format(epoch=epoch)
+    marks = [_keys.ELASTIC_ENTERED.format(epoch=epoch, rank=r) for r in fresh]
+    if rank in fresh:
+        board.post(_keys.ELASTIC_ENTERED.format(epoch=epoch, rank=rank), "1")
+    began = time.monotonic()
+    while True:
+        said = board.peek([verdict])[0]
+        if said is not None:
+            return list(json.loads(said))
+        missing = [fresh[i] for i in board.unposted(marks)]
+        lost = sorted(set(missing) & set(dead()))
+        if not missing or lost or time.monotonic() - began > ENTER_S:
+            return list(json.loads(board.decide(verdict, json.dumps(lost or missing))))
         time.sleep(POLL_S)
 
 

@@ -31,6 +31,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from .. import _env, _losses
@@ -41,12 +42,15 @@ from .._mesh_spec import MeshSpec
 from .._roles import Roles
 from ..errors import (
     ArgumentError,
+    DistributedTimeoutError,
     MembersFinished,
     NotAMemberError,
+    RankFailedError,
     ShrinkError,
     StaleEpochError,
     bad_argument,
     format_ranks,
+    rank_words,
 )
 from ..world import World, leave_unheard
 from . import chain
@@ -131,14 +135,16 @@ class ElasticMesh(DeviceMesh):
         self._alive("grow()")
         return grow(self)
 
-    def _next(self, spec: MeshSpec, plan: Elastic) -> ElasticMesh:
+    def _next(self, spec: MeshSpec, plan: Elastic, make: bool = True,
+              within: timedelta | None = None) -> ElasticMesh:
         """The mesh of a new epoch: ``spec``'s groups made in the current epoch (by their
         members: none outside the mesh; at first use where the mesh was made with
-        eager_groups=False), this mesh's device, backends and roles (so ``abstract`` is the
-        same again once the mesh grows back to its shape)."""
+        eager_groups=False, or ``make`` is False; each ``within`` that long if given), this
+        mesh's device, backends and roles (so ``abstract`` is the same again once the mesh
+        grows back to its shape)."""
         return ElasticMesh._elastic(self._world, self._device_type, spec, self._backends,
                                     _make_groups(self._world, spec, self._backends,
-                                                 plan.own_groups),
+                                                 plan.own_groups and make, within),
                                     plan, self._session, self._roles, self._eager)
 
 
@@ -214,7 +220,7 @@ def sync_replicas(mesh: DeviceMesh, tensors: Sequence[Any]) -> None:
 
 
 def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float = WAIT_S,
-            timeout_s: float | None = None) -> DeviceMesh:
+            timeout_s: float | None = None) -> ElasticMesh:
     """The mesh without the slices that held a lost rank (see the module docstring)."""
     plan, world, spec = mesh._plan, mesh._world, mesh._spec
     if spec.coordinate_of(world.rank) is None:
@@ -233,9 +239,7 @@ def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float = WAIT_S,
     limit = world.timeout.total_seconds() if timeout_s is None else timeout_s
     try:
         lost = agree_lost(board, plan.epoch, world.rank, members, suspects,
-                          wait_s=wait_s, timeout_s=limit,
-                          dead=lambda: [r for r, _ in dead_on_this_host(world, 0.0)]
-                          + _losses.lost_ranks(session_of(world).instances))
+                          wait_s=wait_s, timeout_s=limit, dead=lambda: _seen_dead(world))
         names = spec.names
         shrunk = shrink(spec.shape, members, plan.dim, lost, minimum=plan.minimum,
                         dim_name=names[plan.dim] if names else None)
@@ -247,6 +251,13 @@ def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float = WAIT_S,
         "lost": list(shrunk.lost), "spares": list(shrunk.spares)})
     return enter(world, mesh, plan, decision, kind="shrink",
                  detect_s=getattr(err, "waited_s", None), agree_s=time.monotonic() - started)
+
+
+def _seen_dead(world: World) -> list[int]:
+    """The ranks this rank knows are gone: their process ended on this host, or the launcher
+    declared their node lost (and no newer launcher of it runs them, ``_losses``)."""
+    return ([r for r, _ in dead_on_this_host(world, 0.0)]
+            + _losses.lost_ranks(session_of(world).instances))
 
 
 def _let_go(err: BaseException | None) -> None:
@@ -316,8 +327,23 @@ def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, An
             f"sooner (a rank stalled this long counts as lost)")
     world.open_epoch(decision["epoch"], present=decision["ranks"])
     mesh._session.entered(decision)
+    joined = bool(decision.get("fresh")) and world.rank in decision["ranks"]
+    if joined:
+        never = chain.enter_together(chain.board_of(world), decision, world.rank,
+                                     lambda: _seen_dead(world))
+        if never:  # lost on the way in: recover from this epoch before making its groups
+            return recover(mesh._next(spec, plan.at(decision), make=False), RankFailedError(
+                f"{rank_words(never).capitalize()} admitted into epoch {decision['epoch']} of "
+                f"the elastic mesh {spec.shape} never arrived (died, or not there within "
+                f"{chain.ENTER_S:g} s)", ranks=never))
     started = time.monotonic()
-    entered = mesh._next(spec, plan.at(decision))
+    try:  # a fresh rank may still die as the groups are made: ENTER_S bounds each group
+        entered = mesh._next(spec, plan.at(decision),
+                             within=timedelta(seconds=chain.ENTER_S) if joined else None)
+    except (RankFailedError, DistributedTimeoutError) as err:
+        if not joined:
+            raise
+        return recover(mesh._next(spec, plan.at(decision), make=False), err)
     lost = tuple(decision.get("lost", ()))
     mesh._session.record(Recovery(
         epoch=decision["epoch"], kind=kind, shape=spec.shape, lost_ranks=lost,
