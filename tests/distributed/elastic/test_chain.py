@@ -297,6 +297,6 @@ def test_a_rank_that_entered_but_died_as_the_groups_are_made_costs_enter_s_not_t
     out = threads.run(rank_main)
     assert time.monotonic() - began < timeout_s
     assert out[3] == []  # every fresh rank had arrived
-    for rank, (epoch, shape, coordinate, record) in enumerate(out[:3]):
+    for epoch, shape, _, record in out[:3]:
         assert (epoch, shape) == (3, (1, 2)), out
         assert record.kind == "shrink" and record.lost_ranks == (3,)
