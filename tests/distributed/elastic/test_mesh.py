@@ -171,11 +171,12 @@ def assert_shrunk(out: str, survivors: list[int], spares: list[int], kept: list[
 
 
 def test_a_killed_tp_member_shrinks_the_mesh_and_its_replacement_grows_it_back():
-    # 0.5 s steps, longer on a busy machine: the replacement (a warm fork) must be back
-    # before the last one
+    # 0.5 s steps, longer on a busy machine; the members wait for the full mesh at their end
+    # (--wait-full-s), so a replacement started cold (TENSORPLAY_NO_WARM=1) is in it too
     step_s = min(0.5 * timing.factor(), 2.0)
     code, out, took = run("--steps", "9", "--kill", "5@3", "--verbose", "--step-s",
-                          f"{step_s:.2f}", restarts=1)
+                          f"{step_s:.2f}", "--wait-full-s", f"{timing.guard(30):.0f}",
+                          restarts=1)
     assert code == 0, out[-4000:]
     assert_shrunk(out, [0, 1, 2, 3], [4, 6, 7], [0, 1, 2, 3])
     assert "rank 5 lost (killed by signal SIGKILL); elastic mode: restarting it" in out

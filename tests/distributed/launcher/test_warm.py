@@ -55,6 +55,13 @@ def reports(stdout: str) -> list[dict]:
     return sorted(out, key=lambda r: r["rank"])
 
 
+@pytest.fixture(autouse=True)
+def _warm_unless_a_test_says_otherwise(monkeypatch):
+    """These tests are about warm start: a TENSORPLAY_NO_WARM=1 run of the whole suite (the
+    other tests, cold) leaves them warm."""
+    monkeypatch.delenv("TENSORPLAY_NO_WARM", raising=False)
+
+
 def plain_env(**extra: str) -> dict[str, str]:
     return {**os.environ, **extra}
 
