@@ -65,6 +65,18 @@ def _kill_whole(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
 
 
+def _kill_host_b_after_step_3(hosts: netns.Hosts, script: list[str], logs: dict[str, Path]
+                              ) -> float:
+    """Start the job on hosts A and B, kill host B whole once rank 0 did its third step; the
+    time.monotonic() of the kill."""
+    _start(hosts, 0, script, logs["hostA"])
+    _start(hosts, 1, script, logs["hostB"])
+    _await_line(logs["hostA"], r"^\[rank 0\] step 3/", hosts, timing.guard(240))
+    killed = time.monotonic()
+    _kill_whole(hosts.procs[1].pid)
+    return killed
+
+
 def test_a_host_killed_whole_the_other_trains_on_and_its_replacement_grows_the_mesh_back(
         tmp_path):
     netns.require()
@@ -72,11 +84,7 @@ def test_a_host_killed_whole_the_other_trains_on_and_its_replacement_grows_the_m
               str(timing.guard(240)), "--verbose"]
     logs = {name: tmp_path / f"{name}.log" for name in ("hostA", "hostB", "hostB-again")}
     with netns.Hosts(2) as hosts:
-        _start(hosts, 0, script, logs["hostA"])
-        _start(hosts, 1, script, logs["hostB"])
-        _await_line(logs["hostA"], r"^\[rank 0\] step 3/8", hosts, timing.guard(240))
-        killed = time.monotonic()
-        _kill_whole(hosts.procs[1].pid)
+        killed = _kill_host_b_after_step_3(hosts, script, logs)
         shrunk = _await_line(logs["hostA"], r"^\[rank 0\] step \d+/8  mesh \(1, 4\)", hosts,
                              timing.guard(120))
         _start(hosts, 1, script, logs["hostB-again"])
@@ -101,11 +109,7 @@ def test_a_host_lost_below_elastic_min_ends_every_process_promptly_naming_it(tmp
     script = [EXAMPLE, "--steps", "40", "--step-s", "0.5", "--min-replicas", "2"]
     logs = {name: tmp_path / f"{name}.log" for name in ("hostA", "hostB")}
     with netns.Hosts(2) as hosts:
-        _start(hosts, 0, script, logs["hostA"])
-        _start(hosts, 1, script, logs["hostB"])
-        _await_line(logs["hostA"], r"^\[rank 0\] step 3/40", hosts, timing.guard(240))
-        killed = time.monotonic()
-        _kill_whole(hosts.procs[1].pid)
+        killed = _kill_host_b_after_step_3(hosts, script, logs)
         code = hosts.procs[0].wait(timeout=timing.guard(120))
         took = time.monotonic() - killed
         text = _logs(tmp_path)

@@ -88,10 +88,12 @@ def test_the_shrunk_mesh_answers_every_query_and_the_old_epoch_raises():
 
 
 # tensorplay-run, with its wait for restarted ranks still joining once every other rank ended
-# (run.ELASTIC_TAIL_S, 10 s) given as the first argument: a restarted rank imports torch and
-# joins the world before it can learn that the job ended, which on a busy machine takes longer
+# (launcher.job.ELASTIC_TAIL_S, 10 s) given as the first argument: a restarted rank imports
+# torch and joins the world before it can learn that the job ended, which on a busy machine
+# takes longer
 TAILED_LAUNCHER = ("import sys; from tensorplay.distributed import run; "
-                   "run.ELASTIC_TAIL_S = float(sys.argv.pop(1)); sys.exit(run.main())")
+                   "from tensorplay.distributed.launcher import job; "
+                   "job.ELASTIC_TAIL_S = float(sys.argv.pop(1)); run.main()")
 
 
 def run(*flags: str, restarts: int = 0, launcher: tuple[str, ...] = (),

@@ -213,9 +213,13 @@ print("store still served:", store.get("after").decode(), flush=True)
 def test_the_launcher_serves_the_store_so_it_outlives_rank_0(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text(PLAIN_TORCH)
-    res = subprocess.run([*LAUNCHER, "--nproc-per-node", "2", str(script)], capture_output=True,
-                         text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": spawn.pythonpath()})
+    try:
+        res = subprocess.run([*LAUNCHER, "--nproc-per-node", "2", str(script)],
+                             capture_output=True, text=True, timeout=timing.guard(120),
+                             env={**os.environ, "PYTHONPATH": spawn.pythonpath()})
+    except subprocess.TimeoutExpired as hung:  # seen once under load: say what it printed
+        pytest.fail(f"the job ran past {hung.timeout:.0f} s ({timing.describe()});\n"
+                    f"stdout: {hung.stdout!r}\nstderr: {hung.stderr!r}")
     assert res.returncode == 0, res.stderr
     assert "[rank 1] store still served: rank 0 left" in res.stdout
 

@@ -60,7 +60,7 @@ def test_a_node_whose_launcher_died_is_lost_at_once_and_a_new_launcher_takes_it_
         codes = [nodes.wait(p, 120) for p in (nodes.procs[0], again)]
         texts = [nodes.text(i) for i in range(3)]
     assert seen < GRACE_S, (seen, timing.describe(), texts)  # not the heartbeat's verdict
-    assert codes == [0, 0], (codes, texts)
+    assert codes == [0, 0], f"{codes}\n" + "\n----\n".join(texts)
     assert first.returncode == -signal.SIGKILL
     a = texts[0]
     assert "up rank 0 restart 0 instance 0.1" in a, a
@@ -93,5 +93,5 @@ def test_a_second_claim_of_a_live_node_is_refused_after_the_grace_and_the_job_go
     assert code == 1, texts
     assert "tensorplay-run: error: node 1 was claimed twice (--node-rank 1 on " in texts[2]
     assert "is alive: the job goes on without this launcher." in texts[2], texts[2]
-    assert codes == [0, 0], (codes, texts)
+    assert codes == [0, 0], f"{codes}\n" + "\n----\n".join(texts)
     assert "up rank" not in texts[2], texts[2]
