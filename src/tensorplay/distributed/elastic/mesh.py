@@ -328,21 +328,21 @@ def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, An
     world.open_epoch(decision["epoch"], present=decision["ranks"])
     mesh._session.entered(decision)
     joined = bool(decision.get("fresh")) and world.rank in decision["ranks"]
-    if joined:
+    try:  # a fresh rank lost on the way in, or as the groups are made (each within ENTER_S)
         never = chain.enter_together(chain.board_of(world), decision, world.rank,
-                                     lambda: _seen_dead(world))
-        if never:  # lost on the way in: recover from this epoch before making its groups
-            return recover(mesh._next(spec, plan.at(decision), make=False), RankFailedError(
+                                     lambda: _seen_dead(world)) if joined else []
+        if never:
+            raise RankFailedError(
                 f"{rank_words(never).capitalize()} admitted into epoch {decision['epoch']} of "
                 f"the elastic mesh {spec.shape} never arrived (died, or not there within "
-                f"{chain.ENTER_S:g} s)", ranks=never))
-    started = time.monotonic()
-    try:  # a fresh rank may still die as the groups are made: ENTER_S bounds each group
+                f"{chain.ENTER_S:g} s)", ranks=never)
+        started = time.monotonic()
         entered = mesh._next(spec, plan.at(decision),
                              within=timedelta(seconds=chain.ENTER_S) if joined else None)
     except (RankFailedError, DistributedTimeoutError) as err:
         if not joined:
             raise
+        # recover from this epoch, on its mesh without groups, before going on
         return recover(mesh._next(spec, plan.at(decision), make=False), err)
     lost = tuple(decision.get("lost", ()))
     mesh._session.record(Recovery(
