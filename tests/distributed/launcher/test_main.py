@@ -236,6 +236,25 @@ def test_rank_ignoring_sigterm_is_killed_after_grace(tmp_path):
     assert_all_gone(read_pids(tmp_path, 2))
 
 
+@pytest.mark.parametrize(("teardown_s", "grace_s", "fate"), [
+    (1.0, 30.0, "exit code 1"),  # ends within the grace: by itself, with its script's code
+    (60.0, 0.5, "stopped while exiting"),  # still tearing down when the grace ran out
+])
+def test_a_failed_rank_slow_to_exit_gets_the_grace_without_a_sigterm(tmp_path, teardown_s,
+                                                                      grace_s, fate):
+    job = script(tmp_path, f"""
+        import atexit
+        if RANK == 1:
+            atexit.register(time.sleep, {teardown_s})  # a slow teardown, as torch's under load
+            raise ValueError("bad lr")
+        time.sleep(60)
+    """)
+    res = run("--nproc-per-node", "2", "--settle-s", "0.1", "--stop-grace-s", str(grace_s), job)
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.splitlines()[-1] == (
+        f"tensorplay-run: rank 1 failed first ({fate}): ValueError: bad lr; stopped rank 0.")
+
+
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_to_launcher_stops_every_child(tmp_path, sig, code):
     job = script(tmp_path, """

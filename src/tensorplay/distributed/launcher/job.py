@@ -336,13 +336,22 @@ class Job:
 
     def stop(self, running: set[int], fast: bool = False) -> None:
         """Stop the ranks still running (marking them stopped) and wait for every process.
-        ``fast``: the job is over elsewhere, so SIGKILL follows SIGTERM within STOP_FAST_S."""
+        ``fast``: the job is over elsewhere, so SIGKILL follows SIGTERM within STOP_FAST_S.
+
+        A rank whose script has failed (it reported so) is exiting by itself: it gets the
+        grace without a SIGTERM and is marked stopped only if it is still there at the end
+        ("stopped while exiting"), so a slow teardown keeps the code its script chose.
+        """
         now = time.monotonic()
-        for r in running:
+        exiting = {r for r in running if (rep := self.ends[r].report_in_time()) is not None
+                   and rep.failed}
+        for r in running - exiting:
             self.ends[r].stop_t = now
         grace = min(self.spec.stop_grace_s, STOP_FAST_S) if fast else self.spec.stop_grace_s
         if running:
-            stop_ranks(self.procs, running, grace, self.events, self.record)
+            left = stop_ranks(self.procs, running, grace, self.events, self.record, exiting)
+            for r in left & exiting:
+                self.ends[r].stop_t = time.monotonic()
 
     def drain(self) -> None:
         """After the processes ended: let the readers drain, then note what they reported."""

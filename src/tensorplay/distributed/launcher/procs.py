@@ -104,13 +104,18 @@ def signal_groups(procs: Mapping[int, Proc], ranks: Iterable[int], sig: int) -> 
 
 
 def stop_ranks(procs: Mapping[int, Proc], ranks: Iterable[int], grace_s: float,
-               events: Events, record: Callable[[Event], None]) -> None:
+               events: Events, record: Callable[[Event], None],
+               exiting: Iterable[int] = ()) -> set[int]:
     """SIGTERM the given ranks, wait up to grace_s (a new signal cuts it short), SIGKILL all.
+    Returns the ranks that had not exited when the grace ran out (or a signal came).
 
+    ``exiting``: ranks whose scripts have failed and are on their way out by themselves
+    (their report came); they get the grace to end without a SIGTERM, so that a slow
+    teardown (torch's, on a busy machine) ends with the code their script chose.
     Events that arrive meanwhile (exits, reports, beats, a verdict) go to ``record``.
     """
     pending = set(ranks)
-    signal_groups(procs, pending, signal.SIGTERM)
+    signal_groups(procs, pending - set(exiting), signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while pending and (left := deadline - time.monotonic()) > 0:
         try:
@@ -125,6 +130,7 @@ def stop_ranks(procs: Mapping[int, Proc], ranks: Iterable[int], grace_s: float,
     signal_groups(procs, procs, signal.SIGKILL)
     for proc in procs.values():
         proc.wait()
+    return pending
 
 
 def join_threads(threads: Iterable[threading.Thread], timeout_s: float) -> None:
