@@ -58,3 +58,28 @@ def test_gloo_groups_cannot_shrink_so_a_recovery_remakes_them(gloo1):
     backend = tdist.group.WORLD._get_backend(torch.device("cpu"))
     assert type(backend).__name__ == "ProcessGroupGloo"
     assert backend.supports_shrinking is False  # ...but not for gloo
+
+
+def test_a_severed_group_refuses_every_later_call_at_once(gloo1):
+    """After sever() a call on the group fails at once, as for a lost peer, without entering
+    gloo: gloo can miss this side's own shutdown for a call posted after it, and then wait
+    for a peer that has not broken its side (seen: a late rank in a ring all_reduce)."""
+    import numpy as np
+
+    from tensorplay.distributed import ReduceOp
+    from tensorplay.distributed import world as _world
+
+    world = _world.current_world("test")
+    engine = world.engine
+    engine.prepare_elastic()  # as an elastic mesh does: calls made from now can be refused
+    group = world.default_group
+    ops = engine.ops(group.made_engine_group(), group,
+                     lambda err, what: RuntimeError(f"{what} failed: {err}"))
+    ops.all_reduce(np.ones(2), ReduceOp.SUM, False)  # working
+    engine.sever(group.made_engine_group())
+    for call in (lambda: ops.all_reduce(torch.ones(2), ReduceOp.SUM, False),
+                 lambda: ops.broadcast(np.ones(2), 0, False),
+                 lambda: ops.barrier(False)):
+        with pytest.raises(RuntimeError, match=r"\(\) failed: this rank broke its connections "
+                                               r"of the group: a recovery began"):
+            call()

@@ -59,6 +59,8 @@ from . import torch_store
 if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import GroupName
 
+    from .torch_collectives import TorchGroupOps
+
 log = logging.getLogger("tensorplay.distributed")
 
 
@@ -308,6 +310,7 @@ class TorchEngine:
         # id(group) -> its (fd, inode); None until prepare_elastic: only an elastic world's
         # groups are severed, so only they are noted
         self._sockets: dict[int, set[tuple[int, str]]] | None = None
+        self._ops: dict[int, TorchGroupOps] = {}  # elastic worlds: id(engine group) -> its calls
         self.group_store: Any = None  # where our groups meet: set by start() and adopt()
 
     def default_backend(self) -> str:
@@ -367,9 +370,15 @@ class TorchEngine:
         fails at once instead of waiting out its timeout. NCCL: abort the communicators where
         torch offers it (untested here: no GPU). Only after a failure: a socket a faster peer
         opened for a later group can be counted as this group's (1 run in 2 of a test that
-        opens epochs back to back broke so), harmless only while no later group exists."""
+        opens epochs back to back broke so), harmless only while no later group exists.
+        Then every call on the group fails at once (``TorchGroupOps.refuse``): gloo can miss
+        this side's own shutdown for a call posted after it (seen: a rank that reached its
+        ring all_reduce late waited for the peer that had not broken its side)."""
         for fd, inode in list((self._sockets or {}).get(id(engine_group), ())):
             _shut(fd, inode)
+        ops = self._ops.get(id(engine_group))
+        if ops is not None:  # a call made from now on fails at once, as a peer's loss does
+            ops.refuse("this rank broke its connections of the group: a recovery began")
         if dist.get_backend(engine_group) == "nccl" and callable(getattr(engine_group, "abort",
                                                                           None)):
             engine_group.abort()
@@ -380,6 +389,7 @@ class TorchEngine:
         ever joining its event loop after a peer was SIGKILLed)."""
         if self._sockets is not None:
             self._sockets.pop(id(engine_group), None)
+        self._ops.pop(id(engine_group), None)
         if engine_group in self._made:
             self._made.remove(engine_group)
         if engine_group in c10d._world.pg_map:
@@ -389,7 +399,10 @@ class TorchEngine:
         """The collectives of ``group`` on c10d group ``engine_group``."""
         from .torch_collectives import TorchGroupOps
 
-        return TorchGroupOps(engine_group, group.backend, group.size(), failed)
+        ops = TorchGroupOps(engine_group, group.backend, group.size(), failed)
+        if self._sockets is not None:  # an elastic world: sever() may refuse its calls
+            self._ops[id(engine_group)] = ops
+        return ops
 
     def group_members(self, obj: object) -> tuple[list[int], str] | None:
         """(ranks in group order, backend) of a torch ProcessGroup made outside the package."""

@@ -147,6 +147,12 @@ class _Guarded:
             # engine's words
 
 
+# every call of GroupOps (tensorplay.distributed._engine): what refuse() stops
+_CALLS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+          "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter", "send", "recv",
+          "barrier")
+
+
 class TorchGroupOps:
     """Collectives on one c10d group, called on a member of it."""
 
@@ -157,6 +163,18 @@ class TorchGroupOps:
         self._gloo = backend == "gloo"
         self._size = size
         self._failed = failed
+
+    def refuse(self, why: str) -> None:
+        """From now on every call raises at once what a broken connection raises, ``why``
+        as the engine's words: the group's connections were broken on this rank
+        (``TorchC10d.sever``). Done by shadowing the calls, so that the calls of a group
+        never broken pay nothing for it."""
+        def refused(name: str) -> Callable[..., Any]:
+            def call(*_args: Any, **_kwargs: Any) -> Any:
+                raise self._failed(ConnectionError(why), f"{name}()")
+            return call
+        for name in _CALLS:
+            self.__dict__[name] = refused(name)
 
     def _buffer(self, value: Any, name: str) -> _Buffer:
         return _Buffer(value, name, self._backend)
