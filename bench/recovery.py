@@ -2,6 +2,7 @@
 
     python bench/recovery.py                # 3 runs of each of 4 sides; ~7 min on 2 cores
     python bench/recovery.py --repeat 1     # one of each (~2 min)
+    python bench/recovery.py --host-loss    # a whole host lost instead: recovery_hosts.py
 
 Ours, as tensorplay-run runs it (``python -m tensorplay.distributed.run`` is tensorplay-run):
 
@@ -450,7 +451,15 @@ def goal(results: dict[str, list[Run]], ratio: float | None) -> None:
 
 
 def main() -> None:
+    if "--host-loss" in sys.argv[1:]:  # a whole host lost: bench/recovery_hosts.py
+        import recovery_hosts
+
+        recovery_hosts.main([arg for arg in sys.argv[1:] if arg != "--host-loss"])
+        return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--host-loss", action="store_true",
+                   help="measure the loss of a whole host instead (bench/recovery_hosts.py, "
+                        "its own options; needs root)")
     p.add_argument("--repeat", type=int, default=3, help="runs of each side (default 3)")
     p.add_argument("--steps", type=int, default=16, help="training steps (default 16)")
     p.add_argument("--kill-step", type=int, default=4,
