@@ -152,3 +152,71 @@ def test_a_host_cut_off_stops_itself_and_the_other_host_trains_on_to_the_end(tmp
     assert "tensorplay-run: this node, node 1 (hostB, ranks 4-7), lost the job's store at " \
         "198.18.0.1:" in b, b
     assert "to rejoin as a replacement" in b.strip().splitlines()[-1], b
+
+
+def test_a_frozen_host_is_declared_lost_after_the_grace_and_the_other_trains_on(tmp_path):
+    """Host B frozen whole (SIGSTOP to its launcher and ranks: a hung kernel, a machine that
+    stops answering but closes nothing): node 0's launcher declares it lost when its heartbeat
+    has been silent for the grace, host A's ranks shrink to (1, 4) and train to the end.
+    Woken after host A ended, host B's launcher finds the job gone and stops its ranks."""
+    netns.require()
+    script = [EXAMPLE, "--steps", "8", "--step-s", "0.5"]
+    logs = {name: tmp_path / f"{name}.log" for name in ("hostA", "hostB")}
+    env = {"PYTHONPATH": spawn.pythonpath(), "TENSORPLAY_NODE_GRACE_S": str(CUT_GRACE_S)}
+    with netns.Hosts(2) as hosts:
+        for node in (0, 1):
+            hosts.start(node + 1, _argv(hosts, node, script), logs[f"host{'AB'[node]}"], env=env)
+        _await_line(logs["hostA"], r"^\[rank 0\] step 3/8", hosts, timing.guard(240))
+        frozen = [hosts.procs[1].pid, *netns.descendants(hosts.procs[1].pid)]
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        shrunk = _await_line(logs["hostA"], r"^\[rank 0\] step \d+/8  mesh \(1, 4\)", hosts,
+                             timing.guard(120))
+        code_a = hosts.procs[0].wait(timeout=timing.guard(180))
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        codes = hosts.wait_all(timeout=timing.guard(60))
+        text = _logs(tmp_path)
+    a, b = logs["hostA"].read_text(), logs["hostB"].read_text()
+    assert code_a == 0 and codes[1] not in (0, None), f"{codes}\n{text}"
+    assert shrunk - stopped < timing.bound(CUT_GRACE_S, 8), \
+        f"{shrunk - stopped:.1f} s ({timing.describe()})\n{text}"
+    assert "[rank 0] OK: matches single-process training" in a, text
+    assert "tensorplay-run: node 1 (hostB, ranks 4-7) is lost: went silent: no heartbeat for" \
+        in a, a
+    assert "elastic mode: ranks 0-3 on this node go on without its ranks 4-7." in a, a
+    assert "tensorplay-run: this node, node 1 (hostB, ranks 4-7), lost the job's store at " \
+        "198.18.0.1:" in b, b
+
+
+def test_a_host_lost_during_a_recovery_costs_nothing_more_and_the_rest_train_on(tmp_path):
+    """Four hosts of 2 ranks: slice 0 of the (2, 4) mesh on hosts A and B, slice 1 on C and D.
+    Rank 4 (host C) dies at its step 4; as soon as host C's launcher says so, host D is lost
+    whole, while the survivors recover from rank 4's loss (they notice it at their next
+    collective, up to one step later). The recovery counts ranks 6-7 lost too (or the next
+    one drops nothing more: slice 1 is out already), and hosts A and B train on (1, 4) to the
+    end; the ranks left on host C end as ranks outside the mesh, cleanly."""
+    netns.require()
+    script = [EXAMPLE, "--steps", "7", "--step-s", "0.5", "--kill", "4@3"]
+    names = ("hostA", "hostB", "hostC", "hostD")
+    logs = {name: tmp_path / f"{name}.log" for name in names}
+    with netns.Hosts(4) as hosts:
+        for node in range(4):
+            argv = _argv(hosts, node, script)
+            argv[argv.index("--nproc-per-node") + 1] = "2"
+            hosts.start(node + 1, argv, logs[names[node]],
+                        env={"PYTHONPATH": spawn.pythonpath()})
+        _await_line(logs["hostC"], r"^tensorplay-run: rank 4 lost \(killed by signal SIGKILL\)",
+                    hosts, timing.guard(240))
+        _kill_whole(hosts.procs[3].pid)
+        codes = hosts.wait_all(timeout=timing.guard(180))
+        text = _logs(tmp_path)
+    a = logs["hostA"].read_text()
+    assert codes[:2] == [0, 0] and codes[3] == -signal.SIGKILL, f"{codes}\n{text}"
+    assert codes[2] == 0, f"{codes}\n{text}"
+    assert "[rank 0] OK: matches single-process training" in a, text
+    assert re.search(r"^\[rank 0\] step 7/7  mesh \(1, 4\)", a, re.MULTILINE), a
+    assert "tensorplay-run: node 3 (hostD, ranks 6-7) is lost: its launcher is gone" in a, a

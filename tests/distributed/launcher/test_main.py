@@ -39,9 +39,28 @@ def script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
 
 
 def run(*args: str | Path, timeout: float = 30, env: dict | None = None):
-    """Run the launcher to completion and return the CompletedProcess (text output)."""
-    return subprocess.run([*LAUNCHER, *map(str, args)], capture_output=True, text=True,
-                          timeout=timing.guard(timeout), env=env, errors="replace")
+    """Run the launcher to completion and return the CompletedProcess (text output). A
+    launcher still running after ``timeout`` (scaled to the machine's speed) fails the test
+    with its output and the Python stacks of its threads (faulthandler, on SIGABRT)."""
+    argv = [*LAUNCHER, *map(str, args)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            errors="replace",
+                            env={**(os.environ if env is None else env),
+                                 "PYTHONFAULTHANDLER": "1"})
+    limit = timing.guard(timeout)
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)  # its stacks go to stderr; its ranks follow it
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"the launcher was still running after {limit:.0f} s "
+                    f"({timing.describe()}); its output and stacks:\n{out[-4000:]}\n--- "
+                    f"stderr ---\n{err[-12000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def socket_free_port() -> int:
