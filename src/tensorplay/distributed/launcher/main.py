@@ -114,8 +114,8 @@ def launch(spec: LaunchSpec) -> int:
             alive = [r for r, p in job.procs.items() if p.returncode is None]
             if alive:  # only on an unexpected error: never leave a child behind
                 stop_ranks(job.procs, alive, spec.stop_grace_s, job.events, lambda _event: None)
-            if warm is not None:
-                warm.close()
+            if warm is not None and (left := warm.close()) is not None:
+                out.say(f"{left}.")
             if serving is not None and board is not None:
                 board.stop_asking()
                 serving.join()

@@ -26,7 +26,7 @@ from . import rank_main
 from .events import Beat, Event, Events, Exit, Recovered, Report, Signal
 from .output import Output, pump_stderr, pump_stdout
 from .spec import LaunchSpec
-from .warm import Warm, WarmProc
+from .warm import KILLED_S, Warm, WarmProc
 
 Threads = dict[int, list[threading.Thread]]  # rank -> its reader threads
 Proc = subprocess.Popen | WarmProc  # a rank's process: started plainly, or forked warm
@@ -128,8 +128,9 @@ def stop_ranks(procs: Mapping[int, Proc], ranks: Iterable[int], grace_s: float,
         if isinstance(event, Exit):
             pending.discard(event.rank)
     signal_groups(procs, procs, signal.SIGKILL)
-    for proc in procs.values():
-        proc.wait()
+    for proc in procs.values():  # bounded: a process not reaped after its SIGKILL is left
+        with suppress(subprocess.TimeoutExpired):  # to the system (see Warm.close)
+            proc.wait(KILLED_S)
     return pending
 
 

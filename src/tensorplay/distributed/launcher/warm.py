@@ -48,8 +48,11 @@ from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from typing import IO
 
+from .. import _procfs
 from . import rank_main
 
+CLOSE_S = 10.0  # how long the server may take to end once the launcher lets it go
+KILLED_S = 5.0  # and to be reaped after a SIGKILL, before the launcher leaves it
 READY_TIMEOUT_S = 300.0  # the server's imports (torch on a loaded machine, the user's modules)
 PACKET = 1 << 20  # the largest message read (an environment fits many times over)
 RANK_VARS = ("RANK", "LOCAL_RANK", "TENSORPLAY_RESTART_COUNT", "TENSORPLAY_NODE_INSTANCE",
@@ -197,18 +200,29 @@ class Warm:
                 self.lock.release()
         return proc
 
-    def close(self) -> None:
-        """Let the server go (it SIGKILLs any rank still alive, reaps, exits) and wait for it."""
+    def close(self) -> str | None:
+        """Let the server go (it SIGKILLs any rank still alive, reaps, exits) and wait for it:
+        up to CLOSE_S, then SIGKILL and up to KILLED_S more. Returns None, or what to say
+        when it is still there even then: the launcher does not wait for ever on its own
+        clean-up (seen in loaded test runs: a server not reaped 100 s after its SIGKILL)."""
         with suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+        left = None
         try:
-            self.proc.wait(10.0)
+            self.proc.wait(CLOSE_S)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait()
+            try:
+                self.proc.wait(KILLED_S)
+            except subprocess.TimeoutExpired:
+                state = _procfs.state(self.proc.pid) or "?"
+                left = (f"the warm process (pid {self.proc.pid}) had not ended {CLOSE_S:g} s "
+                        f"after the job, nor {KILLED_S:g} s after a SIGKILL (process state "
+                        f"{state}); leaving it to the system")
         if self.reader is not None:
             self.reader.join(2.0)
+        return left
 
 
 def describe(proc: subprocess.Popen) -> str:
@@ -270,9 +284,11 @@ def serve() -> None:
     sys.path[:] = path
     why = why or _unsafe()
     sock.send(json.dumps({"ready": why is None, "why": why}).encode())
-    if why is not None:
-        return
-    _loop(sock, handlers)
+    if why is None:
+        _loop(sock, handlers)
+    # no interpreter teardown: nothing of it is needed, and with torch loaded it can take
+    # seconds on a busy machine while the launcher waits (Warm.close)
+    os._exit(0)
 
 
 def _loop(sock: socket.socket, handlers: dict) -> None:
