@@ -167,7 +167,7 @@ class TorchGroupOps:
     def refuse(self, why: str) -> None:
         """From now on every call raises at once what a broken connection raises, ``why``
         as the engine's words: the group's connections were broken on this rank
-        (``TorchC10d.sever``). Done by shadowing the calls, so that the calls of a group
+        (``TorchEngine.sever``). Done by shadowing the calls, so that the calls of a group
         never broken pay nothing for it."""
         def refused(name: str) -> Callable[..., Any]:
             def call(*_args: Any, **_kwargs: Any) -> Any:
