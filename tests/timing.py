@@ -5,14 +5,18 @@ the time by what it configured (a grace, a world timeout) plus a margin for the 
 (starting processes, importing torch, reaping). On a busy machine that work takes longer, so
 the margin is scaled by ``factor()``: how much slower than a quiet machine a fixed small CPU
 workload runs here (timed once per session), or the load average per core, whichever is more;
-never below 1. ``bound(configured, margin)`` is the bound to assert.
+never below 1. ``bound(configured, margin)`` is the bound to assert. ``guard(seconds)`` only
+catches a hang, and ``communicate`` waits for a process that way while it still works.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import subprocess
 import time
+
+from tensorplay.distributed import _procfs
 
 QUIET_WORKLOAD_S = 0.0095  # the workload's best time on one quiet core of the reference machine
 # (2 cores: 0.0095-0.0098 s best of 15, beside a test run at load average 1.5)
@@ -54,6 +58,31 @@ def guard(seconds: float) -> float:
     machine, ``factor()`` times that on a busy one, so that a slow run is not taken for a
     hung one."""
     return seconds * factor()
+
+
+BUSY_CPU_S = 0.5  # CPU a process tree must use in one guard period to count as working:
+# an asleep launcher with 4 ranks used 0.02 s in 20 s; one torch import is ~1.7 s
+GUARD_PERIODS = 5  # a working tree gets at most this many guard periods
+
+
+def communicate(proc: subprocess.Popen, seconds: float, busy_cpu_s: float = BUSY_CPU_S,
+                periods: int = GUARD_PERIODS) -> tuple:
+    """``proc.communicate()``, failing only on a hang: after each ``guard(seconds)`` the
+    process is let go on if its tree (it and its descendants) used ``busy_cpu_s`` of CPU
+    meanwhile, for ``periods`` periods at most. On a busy machine the work of a launch
+    (a warm process's torch import, then each rank's) can outlast any fixed guard while it
+    goes on; a hang uses next to no CPU. Raises subprocess.TimeoutExpired, the process left
+    running, when it is still there at a period's end that it spent idle (or at the last)."""
+    period = 1
+    while True:
+        used = _procfs.tree_cpu_seconds(proc.pid)
+        try:
+            return proc.communicate(timeout=guard(seconds))
+        except subprocess.TimeoutExpired:
+            idle = _procfs.tree_cpu_seconds(proc.pid) - used < busy_cpu_s
+            if idle or period == periods:
+                raise
+            period += 1
 
 
 def describe() -> str:

@@ -55,3 +55,24 @@ def test_a_command_name_with_spaces_and_parentheses_is_split_at_its_last_parenth
     finally:
         child.kill()
         child.wait()
+
+
+def test_cpu_time_is_counted_for_a_process_and_its_descendants():
+    # a child that starts a grandchild spinning for 0.3 s of CPU, then both sleep
+    code = ("import subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time\\n"
+            "while time.process_time() < 0.3: pass\\ntime.sleep(30)'])\n"
+            "time.sleep(30)\n")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        _wait_for(lambda: _procfs.children(child.pid))
+        grandchild = _procfs.children(child.pid)[0]
+        _wait_for(lambda: _procfs.cpu_seconds(grandchild) >= 0.25)  # ticks of 10 ms: 0.29 too
+        assert _procfs.tree_cpu_seconds(child.pid) >= 0.25 + _procfs.cpu_seconds(child.pid)
+        assert _procfs.cpu_seconds(child.pid) < 0.3  # the child itself only slept
+        assert _procfs.cpu_seconds(2**22 + 1) == 0.0  # no such process
+    finally:
+        for pid in _procfs.children(child.pid):
+            os.kill(pid, signal.SIGKILL)
+        child.kill()
+        child.wait()

@@ -91,3 +91,23 @@ def environ(pid: int) -> dict[str, str]:
         return {}
     pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
     return {key: value for key, _, value in pairs}
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time the process has used, with that of its reaped children (user + system:
+    ``/proc/<pid>/stat`` fields 14-17, in clock ticks); 0.0 when it cannot be read. A process
+    importing torch uses ~1.7 s; one asleep in a wait, a few ticks a minute."""
+    fields = stat_fields(pid)
+    if fields is None:
+        return 0.0
+    return sum(int(tick) for tick in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """``cpu_seconds`` summed over ``pid`` and every live descendant."""
+    total, todo = 0.0, [pid]
+    while todo:
+        here = todo.pop()
+        total += cpu_seconds(here)
+        todo += children(here)
+    return total

@@ -38,26 +38,29 @@ def script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
     return path
 
 
-def run(*args: str | Path, timeout: float = 30, env: dict | None = None):
+def run(*args: str | Path, timeout: float = 30, env: dict | None = None,
+        cwd: str | Path | None = None):
     """Run the launcher to completion and return the CompletedProcess (text output). A
-    launcher still running after ``timeout`` (scaled to the machine's speed) fails the test
-    with its output and the Python stacks of its threads (faulthandler, on SIGABRT)."""
+    launcher still running after ``timeout`` (scaled to the machine's speed) while it and its
+    ranks use no CPU (``timing.communicate``: a hang, not a slow import) fails the test with
+    its output and the Python stacks of its threads (faulthandler, on SIGABRT)."""
     argv = [*LAUNCHER, *map(str, args)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             errors="replace",
                             env={**(os.environ if env is None else env),
-                                 "PYTHONFAULTHANDLER": "1"})
-    limit = timing.guard(timeout)
+                                 "PYTHONFAULTHANDLER": "1"}, cwd=cwd)
+    start = time.monotonic()
     try:
-        out, err = proc.communicate(timeout=limit)
+        out, err = timing.communicate(proc, timeout)
     except subprocess.TimeoutExpired:
+        waited = time.monotonic() - start
         proc.send_signal(signal.SIGABRT)  # its stacks go to stderr; its ranks follow it
         try:
             out, err = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()
-        pytest.fail(f"the launcher was still running after {limit:.0f} s "
+        pytest.fail(f"the launcher was still running after {waited:.0f} s "
                     f"({timing.describe()}); its output and stacks:\n{out[-4000:]}\n--- "
                     f"stderr ---\n{err[-12000:]}")
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)

@@ -111,12 +111,7 @@ def test_a_warm_rank_runs_a_module_as_python_m_does(tmp_path):
 
 def subprocess_run_in(cwd, *args, env=None, timeout=60):
     """``run`` from another working directory."""
-    import subprocess
-
-    return subprocess.run([sys.executable, "-m", "tensorplay.distributed.run", *map(str, args)],
-                          capture_output=True, text=True, timeout=timing.guard(timeout),
-                          env=env, cwd=cwd,
-                          errors="replace")
+    return run(*args, timeout=timeout, env=env, cwd=cwd)
 
 
 @pytest.mark.slow  # its warm process imports torch (about 1.5 s)
