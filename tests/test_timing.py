@@ -47,3 +47,17 @@ def test_a_working_process_still_fails_after_the_last_period():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_wait_goes_on_while_the_process_works_and_ends_once_it_is_idle():
+    child = subprocess.Popen([sys.executable, "-c", SPIN.format(cpu=1.0) + "time.sleep(60)"])
+    try:
+        spun = timing.wait_until(lambda: timing._procfs.cpu_seconds(child.pid) >= 0.9, 0.25,
+                                 child, busy_cpu_s=0.02, periods=1000)
+        assert spun  # it outlasted the first periods while it spun
+        start = time.monotonic()
+        assert not timing.wait_until(lambda: False, 0.25, child, busy_cpu_s=0.02, periods=1000)
+        assert time.monotonic() - start < timing.guard(0.25) * 3  # asleep: one period (or two)
+    finally:
+        child.kill()
+        child.wait()

@@ -15,6 +15,7 @@ import functools
 import os
 import subprocess
 import time
+from collections.abc import Callable
 
 from tensorplay.distributed import _procfs
 
@@ -83,6 +84,24 @@ def communicate(proc: subprocess.Popen, seconds: float, busy_cpu_s: float = BUSY
             if idle or period == periods:
                 raise
             period += 1
+
+
+def wait_until(check: Callable[[], bool], seconds: float, proc: subprocess.Popen | None = None,
+               busy_cpu_s: float = BUSY_CPU_S, periods: int = GUARD_PERIODS) -> bool:
+    """Poll ``check`` (every 50 ms) until it holds; whether it did. It is given
+    ``guard(seconds)``, and with ``proc`` (the launcher the wait is on) another period each
+    time its tree used ``busy_cpu_s`` of CPU in the last one, ``periods`` at most, as
+    ``communicate`` does: ranks that wrote nothing yet may still be importing torch."""
+    for _ in range(periods):
+        used = _procfs.tree_cpu_seconds(proc.pid) if proc is not None else 0.0
+        deadline = time.monotonic() + guard(seconds)
+        while time.monotonic() < deadline:
+            if check():
+                return True
+            time.sleep(0.05)
+        if proc is None or _procfs.tree_cpu_seconds(proc.pid) - used < busy_cpu_s:
+            break
+    return check()
 
 
 def describe() -> str:

@@ -80,13 +80,17 @@ def assert_all_gone(pids: list[int], within_s: float = 3.0) -> None:
     assert [p for p in pids if alive(p)] == []
 
 
-def read_pids(tmp_path: Path, count: int, tag: str = "pid", within_s: float = 15.0) -> list[int]:
-    """Wait until count pid files named tag_* exist, then return their pids."""
-    deadline = time.monotonic() + timing.guard(within_s)
-    while len(files := sorted(tmp_path.glob(f"{tag}_?"))) < count:
-        assert time.monotonic() < deadline, f"only {len(files)} of {count} {tag} files appeared"
-        time.sleep(0.05)
-    return [int(f.read_text()) for f in files]
+def read_pids(tmp_path: Path, count: int, tag: str = "pid", within_s: float = 15.0,
+              launcher: subprocess.Popen | None = None) -> list[int]:
+    """Wait until count pid files named tag_* exist, then return their pids. With the
+    ``launcher`` that starts them, the wait goes on while it and its ranks work
+    (``timing.wait_until``)."""
+    def files() -> list[Path]:
+        return sorted(tmp_path.glob(f"{tag}_?"))
+
+    appeared = timing.wait_until(lambda: len(files()) >= count, within_s, launcher)
+    assert appeared, f"only {len(files())} of {count} {tag} files appeared ({timing.describe()})"
+    return [int(f.read_text()) for f in files()]
 
 
 # ----------------------------------------------------------------------------- environment
@@ -286,10 +290,10 @@ def test_signal_to_launcher_stops_every_child(tmp_path, sig, code):
     launcher = subprocess.Popen([*LAUNCHER, "--nproc-per-node", "3", str(job)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        pids = read_pids(tmp_path, 3)
+        pids = read_pids(tmp_path, 3, launcher=launcher)
         assert all(alive(p) for p in pids)
         launcher.send_signal(sig)
-        _, err = launcher.communicate(timeout=20)
+        _, err = timing.communicate(launcher, 20)
     finally:
         launcher.kill()
     assert launcher.returncode == code
@@ -502,7 +506,7 @@ def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path):
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pids: list[int] = []
     try:
-        pids = read_pids(tmp_path, 4)
+        pids = read_pids(tmp_path, 4, launcher=launcher)
         assert all(alive(p) for p in pids)
         launcher.kill()  # SIGKILL: no handler of the launcher runs
         launcher.wait(timeout=10)
