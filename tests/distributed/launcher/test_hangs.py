@@ -62,9 +62,12 @@ def test_beats_name_a_main_thread_that_does_not_move_or_a_rank_that_gives_no_sig
     assert watch.hung({3: pid}, now=now + 4.5) == {
         3: "its main thread has not moved for 5.5 s at job.py:7 in <module> (limit 5 s, "
            "--hang-timeout-s)"}
+    # judged once: until its exit is heard the process is not killed and reported again
+    assert watch.hung({3: pid}, now=now + 9.0) == {}
+    restarted = os.getppid()  # rank 3 again, in another (running) process
     watch.beat(3, still=0.0, where="job.py:9 in step")
-    assert watch.hung({3: pid}, now=time.monotonic() + 1.0) == {}
-    assert watch.hung({3: pid}, now=time.monotonic() + 6.0) == {
+    assert watch.hung({3: restarted}, now=time.monotonic() + 1.0) == {}
+    assert watch.hung({3: restarted}, now=time.monotonic() + 6.0) == {
         3: "it gave no sign of life for 6.0 s"}
 
 

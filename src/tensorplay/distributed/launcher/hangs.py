@@ -27,7 +27,9 @@ from .._procfs import stopped
 
 
 class HangWatch:
-    """Per rank: since when it is stopped, and its last beat."""
+    """Per rank: since when it is stopped, and its last beat. A process is judged hung once:
+    until its exit is heard (milliseconds, or seconds on a loaded machine) it is still among
+    the running, and would otherwise be killed and reported again at every look."""
 
     def __init__(self, stopped_s: float, hang_s: float | None):
         self.stopped_s = stopped_s
@@ -35,6 +37,7 @@ class HangWatch:
         self.stopped_since: dict[int, float] = {}
         self.beats: dict[int, tuple[float, float, str]] = {}  # rank -> (when, still_s, where)
         self.started = time.monotonic()
+        self.judged: set[int] = set()  # pids found hung
 
     def beat(self, rank: int, still: float, where: str) -> None:
         """A beat from the rank's report pipe: its main thread has been ``still`` seconds at
@@ -46,6 +49,8 @@ class HangWatch:
         now = time.monotonic() if now is None else now
         found: dict[int, str] = {}
         for rank, pid in pids.items():
+            if pid in self.judged:
+                continue
             if stopped(pid):
                 since = self.stopped_since.setdefault(rank, now)
                 limit = min(self.stopped_s, self.hang_s or self.stopped_s)
@@ -62,4 +67,5 @@ class HangWatch:
             elif still + (now - when) > self.hang_s:
                 found[rank] = (f"its main thread has not moved for {still + now - when:.1f} s"
                                f"{at} (limit {self.hang_s:g} s, --hang-timeout-s)")
+        self.judged.update(pids[rank] for rank in found)
         return found
