@@ -194,6 +194,37 @@ def test_a_failure_on_one_node_stops_the_other_nodes_ranks(tmp_path):
     assert ") failed: rank 3: exit code 3." in texts[0]
 
 
+@pytest.mark.slow  # starts launchers that load torch
+@pytest.mark.faults
+def test_a_node_whose_first_failure_is_a_consequence_names_the_cause_on_the_other_node(tmp_path):
+    # node 0's rank 0 raises RankFailedError (a peer died: a consequence) as soon as both ranks
+    # run; node 1's rank 1 then exits with code 3 (the cause), which node 1 posts. Node 0 waits
+    # for that verdict instead of posting its own consequence first
+    script = job(tmp_path, """
+        from pathlib import Path
+        here = Path(__file__).parent
+        (here / f"up_{RANK}").write_text("")
+        while len(list(here.glob("up_*"))) < 2:
+            time.sleep(0.02)
+        if RANK == 0:
+            (here / "raised").write_text("")
+            from tensorplay.distributed.errors import RankFailedError
+            raise RankFailedError("all_reduce() failed: a peer on another host died")
+        while not (here / "raised").exists():
+            time.sleep(0.02)
+        sys.exit(3)
+    """)
+    with Nodes(tmp_path, 2, "--nproc-per-node", "1") as nodes:
+        a, b = nodes.start(0, script), nodes.start(1, script, "--settle-s", "0")
+        codes = [nodes.wait(a, 60), nodes.wait(b, 60)]
+        texts = [nodes.text(0), nodes.text(1)]
+    assert codes == [1, 3], texts
+    assert "rank 1 failed first (exit code 3)" in texts[1], texts[1]
+    assert texts[0].strip().splitlines()[-1].startswith(
+        "tensorplay-run: the job stopped because node 1 ("), texts[0]
+    assert ") failed: rank 1: exit code 3." in texts[0], texts[0]
+
+
 PLAIN_TORCH = '''
 import os, time
 import torch.distributed as dist

@@ -44,7 +44,7 @@ from .events import (
     Verdict,
 )
 from .hangs import HangWatch
-from .nodes import Board
+from .nodes import ACK_S, Board
 from .options import PROG
 from .output import Output
 from .procs import Proc, Threads, join_threads, signal_groups, start_rank, stop_ranks
@@ -290,14 +290,30 @@ class Job:
         return now
 
     def tell_others(self) -> None:
-        """This node's job failed: post it, so every other node stops its ranks too."""
-        if self.board is None or self.board.verdict is not None:
+        """This node's job failed: post it, so every other node stops its ranks too.
+
+        When this node's first failure is a consequence (a RankFailedError: a peer on another
+        node died), the cause is that node's to name: its verdict is awaited first, for up to
+        --settle-s + ``nodes.ACK_S`` (the other launcher settles, posts, and we read it). The
+        verdict that stands, if another node's, is the one the summary names ("the job stopped
+        because node 1 (hostB) failed: rank 5: killed by signal SIGKILL")."""
+        if self.board is None:
             return
-        first = first_failure([e for e in self.ends.values() if e.failing()])
-        what = first.error() or describe_code(first.chosen_code() if first.report
-                                              else first.code or 1)
-        self.board.post("failed", f"node {self.spec.node_rank} ({_env.hostname()}) failed: "
-                                  f"rank {first.rank}: {shorten(what)}")
+        failed = [e for e in self.ends.values() if e.failing()]
+        stands = self.board.verdict
+        if stands is None and failed and first_failure(failed).is_consequence():
+            stands = self.board.await_verdict(self.spec.settle_s + ACK_S)
+        if stands is None and failed:
+            first = first_failure(failed)
+            what = first.error() or describe_code(first.chosen_code() if first.report
+                                                  else first.code or 1)
+            stands = self.board.post("failed", f"node {self.spec.node_rank} "
+                                               f"({_env.hostname()}) failed: rank {first.rank}: "
+                                               f"{shorten(what)}")
+        elsewhere = stands is not None and (stands.kind != "failed"
+                                            or stands.node != self.spec.node_rank)
+        if elsewhere and self.verdict is None:
+            self.verdict = stands
 
     def note_change(self, change: NodeChange, running: set[int]) -> None:
         """Elastic mode: another node was lost or taken back. Say so, and tell this node's

@@ -379,6 +379,23 @@ class Board:
             self.verdict = self.verdict or mine
         return self.verdict
 
+    def await_verdict(self, within_s: float) -> Verdict | None:
+        """The verdict that stands, waiting up to ``within_s`` for another launcher to post
+        one (None: none came, or the store cannot be reached)."""
+        deadline = time.monotonic() + within_s
+        while self.verdict is None:
+            try:
+                if _bounded(lambda: self.client.check([_keys.NODES_VERDICT]), CALL_S):
+                    raw = _bounded(lambda: self.client.get(_keys.NODES_VERDICT), CALL_S)
+                    self.verdict = self.verdict or Verdict.loads(raw)
+                    break
+            except Exception:  # noqa: BLE001 - the store is gone: nobody else will say
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_S)
+        return self.verdict
+
     def node(self, i: int) -> Node:
         return self.nodes.get(i) or Node(i, "?", self.nproc, self.nnodes)
 
