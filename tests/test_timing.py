@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -14,50 +16,45 @@ from tests import timing
 SPIN = "import time\nwhile time.process_time() < {cpu}: pass\n"
 
 
-def test_an_idle_process_fails_the_guard_after_one_period():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+@contextmanager
+def child(code: str) -> Iterator[subprocess.Popen]:
+    """A Python child running ``code``, killed (by pid) on the way out."""
+    proc = subprocess.Popen([sys.executable, "-c", code])
     try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_an_idle_process_fails_the_guard_after_one_period():
+    with child("import time; time.sleep(60)") as proc:
         start = time.monotonic()
         with pytest.raises(subprocess.TimeoutExpired):
-            timing.communicate(child, 0.5)
+            timing.communicate(proc, 0.5)
         assert time.monotonic() - start < 60  # it did not wait for the child's end
-        assert child.poll() is None  # left running for the caller to read its stacks
-    finally:
-        child.kill()
-        child.wait()
+        assert proc.poll() is None  # left running for the caller to read its stacks
 
 
 def test_a_working_process_outlasts_one_period():
     # 1 s of CPU against periods of 0.25 s (scaled): it needs several, and each shows work
-    child = subprocess.Popen([sys.executable, "-c", SPIN.format(cpu=1.0)])
-    try:
-        timing.communicate(child, 0.25, busy_cpu_s=0.02, periods=1000)
-        assert child.returncode == 0
-    finally:
-        child.kill()
-        child.wait()
+    with child(SPIN.format(cpu=1.0)) as proc:
+        timing.communicate(proc, 0.25, busy_cpu_s=0.02, periods=1000)
+        assert proc.returncode == 0
 
 
 def test_a_working_process_still_fails_after_the_last_period():
-    child = subprocess.Popen([sys.executable, "-c", SPIN.format(cpu=60)])
-    try:
+    with child(SPIN.format(cpu=60)) as proc:
         with pytest.raises(subprocess.TimeoutExpired):
-            timing.communicate(child, 0.25, busy_cpu_s=0.02, periods=2)
-        assert child.poll() is None
-    finally:
-        child.kill()
-        child.wait()
+            timing.communicate(proc, 0.25, busy_cpu_s=0.02, periods=2)
+        assert proc.poll() is None
 
 
 def test_a_wait_goes_on_while_the_process_works_and_ends_once_it_is_idle():
-    child = subprocess.Popen([sys.executable, "-c", SPIN.format(cpu=1.0) + "time.sleep(60)"])
-    try:
-        spun = timing.wait_until(lambda: timing._procfs.cpu_seconds(child.pid) >= 0.9, 0.25,
-                                 child, busy_cpu_s=0.02, periods=1000)
+    with child(SPIN.format(cpu=1.0) + "time.sleep(60)") as proc:
+        spun = timing.wait_until(lambda: timing._procfs.cpu_seconds(proc.pid) >= 0.9, 0.25,
+                                 proc, busy_cpu_s=0.02, periods=1000)
         assert spun  # it outlasted the first periods while it spun
         start = time.monotonic()
-        assert not timing.wait_until(lambda: False, 0.25, child, busy_cpu_s=0.02, periods=1000)
+        assert not timing.wait_until(lambda: False, 0.25, proc, busy_cpu_s=0.02, periods=1000)
         assert time.monotonic() - start < timing.guard(0.25) * 3  # asleep: one period (or two)
-    finally:
-        child.kill()
-        child.wait()

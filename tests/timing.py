@@ -15,7 +15,7 @@ import functools
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from tensorplay.distributed import _procfs
 
@@ -66,41 +66,43 @@ BUSY_CPU_S = 0.5  # CPU a process tree must use in one guard period to count as 
 GUARD_PERIODS = 5  # a working tree gets at most this many guard periods
 
 
+def _working_periods(proc: subprocess.Popen | None, seconds: float, busy_cpu_s: float,
+                     periods: int) -> Iterator[float]:
+    """``guard(seconds)``, then once more after each period in which ``proc``'s tree (it and
+    its descendants) used ``busy_cpu_s`` of CPU, ``periods`` at most (once without ``proc``).
+    On a busy machine the work of a launch (a warm process's torch import, then each rank's)
+    can outlast any fixed guard while it goes on; a hang uses next to no CPU."""
+    for _ in range(periods):
+        used = 0.0 if proc is None else _procfs.tree_cpu_seconds(proc.pid)
+        yield guard(seconds)
+        if proc is None or _procfs.tree_cpu_seconds(proc.pid) - used < busy_cpu_s:
+            return
+
+
 def communicate(proc: subprocess.Popen, seconds: float, busy_cpu_s: float = BUSY_CPU_S,
                 periods: int = GUARD_PERIODS) -> tuple:
-    """``proc.communicate()``, failing only on a hang: after each ``guard(seconds)`` the
-    process is let go on if its tree (it and its descendants) used ``busy_cpu_s`` of CPU
-    meanwhile, for ``periods`` periods at most. On a busy machine the work of a launch
-    (a warm process's torch import, then each rank's) can outlast any fixed guard while it
-    goes on; a hang uses next to no CPU. Raises subprocess.TimeoutExpired, the process left
-    running, when it is still there at a period's end that it spent idle (or at the last)."""
-    period = 1
-    while True:
-        used = _procfs.tree_cpu_seconds(proc.pid)
+    """``proc.communicate()``, failing only on a hang: its guard periods go on while it works
+    (``_working_periods``). Raises subprocess.TimeoutExpired, the process left running, when
+    it is still there at the end of a period it spent idle (or of the last)."""
+    for limit in _working_periods(proc, seconds, busy_cpu_s, periods):
         try:
-            return proc.communicate(timeout=guard(seconds))
-        except subprocess.TimeoutExpired:
-            idle = _procfs.tree_cpu_seconds(proc.pid) - used < busy_cpu_s
-            if idle or period == periods:
-                raise
-            period += 1
+            return proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired as err:
+            expired = err
+    raise expired
 
 
 def wait_until(check: Callable[[], bool], seconds: float, proc: subprocess.Popen | None = None,
                busy_cpu_s: float = BUSY_CPU_S, periods: int = GUARD_PERIODS) -> bool:
-    """Poll ``check`` (every 50 ms) until it holds; whether it did. It is given
-    ``guard(seconds)``, and with ``proc`` (the launcher the wait is on) another period each
-    time its tree used ``busy_cpu_s`` of CPU in the last one, ``periods`` at most, as
-    ``communicate`` does: ranks that wrote nothing yet may still be importing torch."""
-    for _ in range(periods):
-        used = _procfs.tree_cpu_seconds(proc.pid) if proc is not None else 0.0
-        deadline = time.monotonic() + guard(seconds)
+    """Poll ``check`` (every 50 ms) until it holds; whether it did. With ``proc`` (the
+    launcher the wait is on) its guard periods go on while that works, as for
+    ``communicate``: ranks that wrote nothing yet may still be importing torch."""
+    for limit in _working_periods(proc, seconds, busy_cpu_s, periods):
+        deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
             if check():
                 return True
             time.sleep(0.05)
-        if proc is None or _procfs.tree_cpu_seconds(proc.pid) - used < busy_cpu_s:
-            break
     return check()
 
 

@@ -301,15 +301,16 @@ class Job:
             return
         failed = [e for e in self.ends.values() if e.failing()]
         stands = self.board.verdict
-        if stands is None and failed and first_failure(failed).is_consequence():
-            stands = self.board.await_verdict(self.spec.settle_s + ACK_S)
         if stands is None and failed:
             first = first_failure(failed)
-            what = first.error() or describe_code(first.chosen_code() if first.report
-                                                  else first.code or 1)
-            stands = self.board.post("failed", f"node {self.spec.node_rank} "
-                                               f"({_env.hostname()}) failed: rank {first.rank}: "
-                                               f"{shorten(what)}")
+            if first.is_consequence():
+                stands = self.board.await_verdict(self.spec.settle_s + ACK_S)
+            if stands is None:
+                what = first.error() or describe_code(first.chosen_code() if first.report
+                                                      else first.code or 1)
+                stands = self.board.post("failed", f"node {self.spec.node_rank} "
+                                         f"({_env.hostname()}) failed: rank {first.rank}: "
+                                         f"{shorten(what)}")
         elsewhere = stands is not None and (stands.kind != "failed"
                                             or stands.node != self.spec.node_rank)
         if elsewhere and self.verdict is None:

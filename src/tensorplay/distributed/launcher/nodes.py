@@ -358,8 +358,7 @@ class Board:
         self._raise_on_verdict()
 
     def _raise_on_verdict(self) -> None:
-        if self.verdict is None and self.client.check([_keys.NODES_VERDICT]):
-            self.verdict = Verdict.loads(self.client.get(_keys.NODES_VERDICT))
+        self.verdict = self.verdict or _posted(self.client)
         if self.verdict is not None:
             raise JoinError(self.verdict.text)
 
@@ -385,13 +384,10 @@ class Board:
         deadline = time.monotonic() + within_s
         while self.verdict is None:
             try:
-                if _bounded(lambda: self.client.check([_keys.NODES_VERDICT]), CALL_S):
-                    raw = _bounded(lambda: self.client.get(_keys.NODES_VERDICT), CALL_S)
-                    self.verdict = self.verdict or Verdict.loads(raw)
-                    break
+                self.verdict = self.verdict or _bounded(lambda: _posted(self.client), CALL_S)
             except Exception:  # noqa: BLE001 - the store is gone: nobody else will say
                 break
-            if time.monotonic() >= deadline:
+            if self.verdict is not None or time.monotonic() >= deadline:
                 break
             time.sleep(POLL_S)
         return self.verdict
@@ -429,9 +425,9 @@ class Board:
             else:
                 client.add(self._beat_key(self.index), 1)
             news = self._read_news(client) if self.elastic else []
-            if not client.check([_keys.NODES_VERDICT]):
+            verdict = _posted(client)
+            if verdict is None:
                 return counts, news, None
-            verdict = Verdict.loads(client.get(_keys.NODES_VERDICT))
             if self.index != 0:  # read: node 0 need not serve the store for us
                 client.add(self._beat_key(self.index), DONE)
             return counts, news, verdict
@@ -624,6 +620,13 @@ class Board:
         for fd in self._wake:
             with suppress(OSError):
                 os.close(fd)
+
+
+def _posted(client: Any) -> Verdict | None:
+    """The verdict posted in the job's store (None: none yet)."""
+    if not client.check([_keys.NODES_VERDICT]):
+        return None
+    return Verdict.loads(client.get(_keys.NODES_VERDICT))
 
 
 def _bounded(call: Callable[[], Any], timeout_s: float) -> Any:
