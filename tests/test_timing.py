@@ -13,6 +13,8 @@ import pytest
 
 from tests import timing
 
+pytestmark = pytest.mark.slow  # each spins or waits a second or more of real time
+
 SPIN = "import time\nwhile time.process_time() < {cpu}: pass\n"
 
 
