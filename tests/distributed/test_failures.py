@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tensorplay.distributed import _failures, _keys
+from tensorplay.distributed import _failures, _keys, _losses
 from tensorplay.distributed.errors import DistributedTimeoutError, RankFailedError
 from tests.fakes import ThreadRanks, exited_pid
 
@@ -91,3 +91,23 @@ def test_the_failed_mark_is_bounded_when_the_store_is_gone():
     err = _failures.diagnose(ranks.world(0), "barrier()", None, timed_out=False)
     assert isinstance(err, RankFailedError) and err.ranks == [1], err
     assert ranks.world(0).store.timeout.total_seconds() == ranks.timeout_s  # restored
+
+
+def test_a_loss_whose_ranks_were_admitted_again_is_not_blamed(monkeypatch, tmp_path):
+    """Node 1's first launcher ("1.1", ranks 2-3) was lost; its second launcher started ranks 2
+    and 3 again and the mesh admitted them (``World.note_admitted``). A broken connection after
+    that is not worded as the old loss, which no longer names them."""
+    path = tmp_path / "losses"
+    _losses.write(str(path), [{"node": 1, "claim": 1, "ranks": [2, 3], "replaced": False,
+                               "text": "node 1 (hostB, ranks 2-3) is lost"}])
+    monkeypatch.setenv(_losses.LOSSES_FILE, str(path))
+    world = ThreadRanks(4, host_pids={0: ME, 1: ME}).world(0)
+    broken = RuntimeError("Connection closed by peer")
+    before = _failures.diagnose(world, "all_reduce()", None, timed_out=False)
+    assert "node 1 (hostB, ranks 2-3) is lost" in str(before) and before.ranks == [2, 3]
+    for rank in (2, 3):
+        world.note_admitted(rank, 4000 + rank, on_this_host=False, instance="1.2")
+    after = _failures.collective_error(world, broken, "all_reduce()", world.default_group)
+    assert isinstance(after, RankFailedError) and "is lost" not in str(after), after
+    assert "a rank on another host probably did" in str(after), after
+    assert world.host_pids == {0: ME, 1: ME}  # pids on another host are not watched here

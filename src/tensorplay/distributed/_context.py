@@ -43,6 +43,8 @@ class JobContext(Protocol):
     @property
     def host_pids(self) -> dict[int, int] | None: ...  # rank -> pid of this host's ranks
     @property
+    def admitted_from(self) -> dict[int, str]: ...  # rank -> launcher instance ("1.2")
+    @property
     def recovery_fix(self) -> str | None: ...  # a layer's advice after a loss (elastic)
     @property
     def alive(self) -> bool: ...

@@ -194,7 +194,7 @@ def _worded(world: JobContext, step: str, said: str, dead: list[Dead], missing: 
         return DistributedTimeoutError(step, world.timeout.total_seconds(), missing,
                                        said.strip(), who=who)
     parts = [f"{step} failed: the connection to a peer rank broke"]
-    loss = _losses.naming(world.members())  # the launchers declared a node lost (elastic)
+    loss = _losses.naming(world.members(), world.admitted_from)  # a node lost (elastic)
     if never:
         parts.append(never)
     elif loss is not None:

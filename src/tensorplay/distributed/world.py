@@ -71,6 +71,9 @@ class World:
     # rank -> pid of this host's ranks, gathered at init: naming a dead peer must not need
     # the store, which dies with rank 0 (often just after its error)
     host_pids: dict[int, int] | None = None
+    # rank -> launcher instance ("1.2") of a process admitted in its place by an elastic
+    # mesh: a loss of node 1's first launcher ("1.1") no longer names that rank (_losses)
+    admitted_from: dict[int, str] = field(default_factory=dict)
     alive: bool = True
     adopted: bool = False  # the engine's world was started outside the package
     strict: bool = False  # check every collective's fingerprint across its group (_strict)
@@ -197,10 +200,13 @@ class World:
         collective that lost a peer is not blamed on a stray call."""
         self.recovery_fix = fix
 
-    def note_pid(self, rank: int, pid: int) -> None:
-        """``rank`` now runs as process ``pid`` on this host (a replacement admitted): the
-        death watch looks at it."""
-        if self.host_pids is not None:
+    def note_admitted(self, rank: int, pid: int, on_this_host: bool, instance: str) -> None:
+        """``rank`` now runs as process ``pid`` started by launcher ``instance`` ("1.2"; ""
+        outside a multi-node tensorplay-run): on this host the death watch looks at it, and
+        a loss of another launcher instance no longer names it."""
+        if instance:
+            self.admitted_from[rank] = instance
+        if on_this_host and self.host_pids is not None:
             self.host_pids[rank] = pid
 
     def members(self) -> Sequence[int]:

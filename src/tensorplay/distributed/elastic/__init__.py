@@ -9,5 +9,5 @@
 - ``recovery``: what an epoch change cost (``mesh.last_recovery``, the launcher's summary).
 
 The static core offers it hooks and nothing else: ``World.open_epoch``, ``World.layer``,
-``World.at_destroy``, ``World.expect_losses``, ``World.note_pid``, ``World.sever_epoch``.
+``World.at_destroy``, ``World.expect_losses``, ``World.note_admitted``, ``World.sever_epoch``.
 """

@@ -257,7 +257,7 @@ def _seen_dead(world: World) -> list[int]:
     """The ranks this rank knows are gone: their process ended on this host, or the launcher
     declared their node lost (and no newer launcher of it runs them, ``_losses``)."""
     return ([r for r, _ in dead_on_this_host(world, 0.0)]
-            + _losses.lost_ranks(session_of(world).instances))
+            + _losses.lost_ranks(world.admitted_from))
 
 
 def _let_go(err: BaseException | None) -> None:

@@ -44,8 +44,6 @@ class Session:
         self.shape: tuple[int, ...] | None = None  # the newest elastic mesh's shape
         self.recoveries: list[Recovery] = []  # one per epoch change this rank went through
         self._tells = False  # this rank sends the records to tensorplay-run (see record)
-        self.instances: dict[int, str] = {}  # rank -> launcher instance of its admitted
-        # process ("1.2"): a loss of node 1's first launcher no longer names it (_losses)
         world.at_destroy(self.finish)
         world.expect_losses(FIX_ELASTIC)
         self._watch()
@@ -56,10 +54,8 @@ class Session:
         self.shape = tuple(decision["shape"])
         for rank, who in decision.get("admitted", {}).items():
             pid, host = who.split()[:2]
-            if _losses.instance_of(who):
-                self.instances[int(rank)] = _losses.instance_of(who)
-            if host == _env.hostname():
-                self._world.note_pid(int(rank), int(pid))
+            self._world.note_admitted(int(rank), int(pid), host == _env.hostname(),
+                                      _losses.instance_of(who))
 
     def record(self, recovery: Recovery, first: bool) -> None:
         """Keep what an epoch change cost; the first rank of the new mesh (``first``) also
@@ -100,7 +96,7 @@ class Session:
             while world.alive:
                 epoch = world.spmd.epoch
                 with suppress(Exception):  # the store gone: the main thread will say so
-                    loss = _losses.naming(world.members(), self.instances)
+                    loss = _losses.naming(world.members(), world.admitted_from)
                     if loss is not None:  # a node lost: whoever is blocked with it is freed
                         board.post(_keys.ELASTIC_RECOVERING.format(epoch=epoch),
                                    f"{world.rank} {loss['text']}")
