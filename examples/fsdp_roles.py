@@ -1,6 +1,6 @@
 """FSDP2 on our mesh, FSDP or HSDP chosen by the mesh's roles; run it on 4 processes:
 
-    tensorplay-run --nproc-per-node 4 examples/fsdp_roles.py
+    tensorplay-run --nproc-per-node 4 --preload torch.distributed.tensor examples/fsdp_roles.py
 """
 
 from __future__ import annotations

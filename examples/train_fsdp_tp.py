@@ -3,7 +3,7 @@
 Run it with 8 processes; any launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
 works, so either of
 
-    tensorplay-run --nproc-per-node 8 examples/train_fsdp_tp.py
+    tensorplay-run --nproc-per-node 8 --preload torch.distributed.tensor examples/train_fsdp_tp.py
     torchrun --nproc-per-node 8 examples/train_fsdp_tp.py
 
 The block is y = x + down(relu(up(norm(x)))), with a layer norm over 16 features and 64 hidden

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 JOB = [sys.executable, "-m", "tensorplay.distributed.run", "--nproc-per-node", "8",
        "examples/train_dp_tp.py"]
+PRELOAD = ("--preload", "torch.distributed.tensor")  # as the DTensor examples' docs run them
 TOLERANCE = 1e-5
 RANK0 = "[rank 0] "
 
@@ -73,7 +74,7 @@ def test_main_job_fails_when_dp_gradients_are_not_averaged():
 
 
 def test_fsdp_tp_example_matches_single_process_training():
-    code, out, err = run_job(job=[*JOB[:-1], "examples/train_fsdp_tp.py"])
+    code, out, err = run_job(job=[*JOB[:-1], *PRELOAD, "examples/train_fsdp_tp.py"])
     assert code == 0, f"exit {code}\n{out}\n{err[-3000:]}"
     assert out.startswith("DeviceMesh('cpu', dp=2, tp=4; mesh=[[0, 1, 2, 3], [4, 5, 6, 7]])")
     steps = losses(out)
@@ -83,7 +84,7 @@ def test_fsdp_tp_example_matches_single_process_training():
 
 
 def test_fsdp_roles_example_matches_single_process_training():
-    job = [*JOB[:3], "--nproc-per-node", "4", "examples/fsdp_roles.py"]
+    job = [*JOB[:3], "--nproc-per-node", "4", *PRELOAD, "examples/fsdp_roles.py"]
     code, out, err = run_job(job=job)
     assert code == 0, f"exit {code}\n{out}\n{err[-3000:]}"
     diffs = [float(v) for v in re.findall(r": max diff (\S+)$", out, re.MULTILINE)]
