@@ -557,6 +557,7 @@ init_device_mesh("cpu", (4, 1) if dist.get_rank() == 3 else (2, 2))
 
 @pytest.mark.slow
 @pytest.mark.faults
+@pytest.mark.warm_ranks
 def test_a_real_mesh_mismatch_prints_one_traceback_and_all_ranks_failing_alike(tmp_path):
     job = tmp_path / "mismatch.py"
     job.write_text(MISMATCH)

@@ -103,6 +103,7 @@ def test_nodes_that_disagree_on_nproc_per_node_all_fail_naming_each_node(tmp_pat
 
 @pytest.mark.slow  # starts launchers that load torch
 @pytest.mark.faults
+@pytest.mark.warm_ranks
 def test_a_node_index_claimed_twice_fails_every_launcher_naming_it(tmp_path):
     script = job(tmp_path, "print('ran')\n")
     with Nodes(tmp_path, 3, "--nproc-per-node", "1", "--join-timeout-s", "60") as nodes:
@@ -119,6 +120,7 @@ def test_a_node_index_claimed_twice_fails_every_launcher_naming_it(tmp_path):
 
 @pytest.mark.slow  # starts launchers that load torch
 @pytest.mark.faults
+@pytest.mark.warm_ranks
 def test_a_node_that_never_arrives_is_named_within_the_join_timeout(tmp_path):
     script = job(tmp_path, "print('ran')\n")
     with Nodes(tmp_path, 2, "--nproc-per-node", "1", "--join-timeout-s", "3") as nodes:
@@ -196,6 +198,7 @@ def test_a_failure_on_one_node_stops_the_other_nodes_ranks(tmp_path):
 
 @pytest.mark.slow  # starts launchers that load torch
 @pytest.mark.faults
+@pytest.mark.warm_ranks
 def test_a_node_whose_first_failure_is_a_consequence_names_the_cause_on_the_other_node(tmp_path):
     # node 0's rank 0 raises RankFailedError (a peer died: a consequence) as soon as both ranks
     # run; node 1's rank 1 then exits with code 3 (the cause), which node 1 posts. Node 0 waits
@@ -241,6 +244,7 @@ print("store still served:", store.get("after").decode(), flush=True)
 
 
 @pytest.mark.slow  # starts launchers that load torch
+@pytest.mark.warm_ranks
 def test_the_launcher_serves_the_store_so_it_outlives_rank_0(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text(PLAIN_TORCH)
@@ -289,6 +293,7 @@ init_device_mesh("cpu", (2, 2))
 
 @pytest.mark.slow  # starts launchers that load torch
 @pytest.mark.faults
+@pytest.mark.warm_ranks
 def test_ranks_waiting_in_a_cross_rank_check_raise_naming_the_lost_node(tmp_path):
     code, text = _node_1_frozen_while_node_0_waits(tmp_path, WAITS_IN_A_CHECK)
     assert code == 1, text
@@ -313,6 +318,7 @@ else:
 
 @pytest.mark.slow  # starts launchers that load torch
 @pytest.mark.faults
+@pytest.mark.warm_ranks
 def test_ranks_blocked_in_gloo_barrier_or_group_creation_raise_naming_the_lost_node(tmp_path):
     code, text = _node_1_frozen_while_node_0_waits(tmp_path, WAITS_IN_GLOO)
     assert code == 1, text
@@ -323,6 +329,7 @@ def test_ranks_blocked_in_gloo_barrier_or_group_creation_raise_naming_the_lost_n
 
 
 @pytest.mark.slow  # starts launchers that load torch
+@pytest.mark.warm_ranks
 def test_node_0_serves_the_others_after_its_ranks_end_and_ctrl_c_still_stops_it(tmp_path):
     script = job(tmp_path, """
         print('up', flush=True)
@@ -360,6 +367,7 @@ finally:  # as a user's script ends: call counts compared with the others
 
 @pytest.mark.slow  # starts launchers that load torch
 @pytest.mark.faults
+@pytest.mark.warm_ranks
 def test_a_node_whose_launcher_died_is_named_as_a_node_and_node_0_ends_quickly(tmp_path):
     script = job(tmp_path, CAUGHT_JOB)
     with Nodes(tmp_path, 2, "--nproc-per-node", "2") as nodes:
