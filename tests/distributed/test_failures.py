@@ -101,6 +101,7 @@ def test_a_loss_whose_ranks_were_admitted_again_is_not_blamed(monkeypatch, tmp_p
     _losses.write(str(path), [{"node": 1, "claim": 1, "ranks": [2, 3], "replaced": False,
                                "text": "node 1 (hostB, ranks 2-3) is lost"}])
     monkeypatch.setenv(_losses.LOSSES_FILE, str(path))
+    monkeypatch.setattr(_failures, "DEATH_GRACE_S", 0.0)  # no process here is about to die
     world = ThreadRanks(4, host_pids={0: ME, 1: ME}).world(0)
     broken = RuntimeError("Connection closed by peer")
     before = _failures.diagnose(world, "all_reduce()", None, timed_out=False)
