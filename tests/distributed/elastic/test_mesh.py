@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tensorplay.distributed import _procfs
-from tests import timing
+from tests import netns, timing
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -120,8 +120,11 @@ def run(*flags: str, restarts: int = 0, launcher: tuple[str, ...] = (),
 
 
 def _stop_hung(job: subprocess.Popen) -> tuple[str, str]:
-    """SIGABRT each rank (its stacks go to stderr), then stop the launcher; its output."""
-    ranks = _procfs.children(job.pid)
+    """SIGABRT each rank (its stacks go to stderr), then stop the launcher; its output. The
+    ranks are the launcher's descendants without children of their own: a warm start's ranks
+    are the warm process's children, which die with it, so it is not signalled."""
+    below = netns.descendants(job.pid)
+    ranks = [pid for pid in below if not _procfs.children(pid)]
     for pid in ranks:
         _signal(pid, signal.SIGABRT)
     time.sleep(2)
@@ -129,7 +132,7 @@ def _stop_hung(job: subprocess.Popen) -> tuple[str, str]:
     try:
         return job.communicate(timeout=20)
     except subprocess.TimeoutExpired:
-        for pid in [job.pid, *ranks, *_procfs.children(job.pid)]:
+        for pid in [job.pid, *below, *_procfs.children(job.pid)]:
             _signal(pid, signal.SIGKILL)
         return job.communicate()
 
