@@ -365,6 +365,7 @@ def test_a_master_port_in_use_is_a_usage_error_before_any_rank_starts(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.warm_ranks  # its ranks must all fail within the 1 s settle
 def test_the_rank_that_raised_first_is_named_even_when_another_exits_first(tmp_path):
     job = script(tmp_path, """
         import atexit
@@ -400,6 +401,7 @@ sys.excepthook = hook
 
 
 @pytest.mark.slow
+@pytest.mark.warm_ranks  # its ranks must all fail within the 1 s settle
 def test_identical_tracebacks_print_once_labelled_with_their_ranks(tmp_path):
     job = script(tmp_path, TORCH_LIKE_HOOK + textwrap.dedent("""
         def check(step):
@@ -429,6 +431,7 @@ def test_identical_tracebacks_print_once_labelled_with_their_ranks(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.warm_ranks  # its ranks must all fail within the 1 s settle
 def test_a_hidden_rank_that_raised_shows_its_tail_and_traceback(tmp_path):
     job = script(tmp_path, """
         if RANK == 1:
