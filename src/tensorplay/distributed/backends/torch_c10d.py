@@ -371,15 +371,14 @@ class TorchEngine:
         torch offers it (untested here: no GPU). Only after a failure: a socket a faster peer
         opened for a later group can be counted as this group's (1 run in 2 of a test that
         opens epochs back to back broke so), harmless only while no later group exists.
-        Before that, every call on the group is made to fail at once (``TorchGroupOps.refuse``):
-        gloo can miss this side's own shutdown for a call posted after it (seen: a rank that
-        reached its ring all_reduce late waited for the peer that had not broken its side)."""
-        ops = self._ops.get(id(engine_group))
-        if ops is not None:  # a call made from now on fails at once, as a peer's loss does;
-            # first, so that a call posted after the shutdown below sees it (refuse)
-            ops.refuse("this rank broke its connections of the group: a recovery began")
+        Then every call on the group fails at once (``TorchGroupOps.refuse``): gloo can miss
+        this side's own shutdown for a call posted after it (seen: a rank that reached its
+        ring all_reduce late waited for the peer that had not broken its side)."""
         for fd, inode in list((self._sockets or {}).get(id(engine_group), ())):
             _shut(fd, inode)
+        ops = self._ops.get(id(engine_group))
+        if ops is not None:  # a call made from now on fails at once, as a peer's loss does
+            ops.refuse("this rank broke its connections of the group: a recovery began")
         if dist.get_backend(engine_group) == "nccl" and callable(getattr(engine_group, "abort",
                                                                           None)):
             engine_group.abort()

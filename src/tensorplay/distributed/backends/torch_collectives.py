@@ -156,8 +156,6 @@ _CALLS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_te
 class TorchGroupOps:
     """Collectives on one c10d group, called on a member of it."""
 
-    _refused: str | None = None  # why the group's connections were broken here (refuse)
-
     def __init__(self, engine_group: Any, backend: str, size: int,
                  failed: Callable[[BaseException, str], Exception]):
         self._group = engine_group
@@ -170,12 +168,7 @@ class TorchGroupOps:
         """From now on every call raises at once what a broken connection raises, ``why``
         as the engine's words: the group's connections were broken on this rank
         (``TorchEngine.sever``). Done by shadowing the calls, so that the calls of a group
-        never broken pay nothing for it. A call already past that point when the group is
-        broken (posted to gloo after this side's shutdown, which gloo can miss) sees
-        ``_refused`` once posted and raises the same instead of waiting (the hot all_reduce;
-        ``TorchEngine.sever`` refuses before it shuts the sockets down)."""
-        self._refused = why
-
+        never broken pay nothing for it."""
         def refused(name: str) -> Callable[..., Any]:
             def call(*_args: Any, **_kwargs: Any) -> Any:
                 raise self._failed(ConnectionError(why), f"{name}()")
@@ -219,10 +212,7 @@ class TorchGroupOps:
             # (bench/mesh_init.py table (c)).
             since = time.monotonic()
             try:
-                work = self._group.allreduce([tensor], opts)
-                if self._refused is not None:  # broken between this call's start and its post
-                    raise RuntimeError(self._refused)
-                work.wait()
+                self._group.allreduce([tensor], opts).wait()
             except RuntimeError as err:
                 raise _timed(self._failed(err, "all_reduce()"), since) from None  # it quotes
                 # the engine's words
