@@ -41,16 +41,6 @@ def require() -> None:
             pytest.skip(f"multi-host tests need '{tool}' (iproute2, util-linux)")
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid``, children before grandchildren."""
-    found, todo = [], [pid]
-    while todo:
-        children = _procfs.children(todo.pop(0))
-        found += children
-        todo += children
-    return found
-
-
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
@@ -129,7 +119,7 @@ class Hosts:
     def close(self) -> None:
         """Kill what was started and what it started (by pid), then delete the namespaces."""
         pids = [p.pid for p in self.procs]
-        for pid in pids + [d for p in pids for d in descendants(p)]:
+        for pid in pids + [d for p in pids for d in _procfs.descendants(p)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         for proc in self.procs:

@@ -174,7 +174,7 @@ def test_a_frozen_host_has_its_ranks_killed_as_hung_and_both_launchers_stop(tmp_
     netns.require()
 
     def freeze_host_b() -> None:
-        ranks_b = [pid for pid in netns.descendants(hosts.procs[1].pid)
+        ranks_b = [pid for pid in _procfs.descendants(hosts.procs[1].pid)
                    if _procfs.comm(pid) == RANK_COMM]
         assert len(ranks_b) == 2, ranks_b
         for pid in ranks_b:
@@ -196,7 +196,7 @@ def test_the_host_serving_the_store_killed_stops_the_other_host_quickly(tmp_path
 
     def kill_host_a() -> None:
         launcher_a = hosts.procs[0].pid
-        for pid in [launcher_a, *netns.descendants(launcher_a)]:
+        for pid in [launcher_a, *_procfs.descendants(launcher_a)]:
             os.kill(pid, signal.SIGKILL)
 
     with netns.Hosts(2) as hosts:

@@ -103,11 +103,17 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(tick) for tick in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``, children before grandchildren: a launcher's warm
+    process, then the ranks forked from it."""
+    found, todo = [], [pid]
+    while todo:
+        below = children(todo.pop(0))
+        found += below
+        todo += below
+    return found
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """``cpu_seconds`` summed over ``pid`` and every live descendant."""
-    total, todo = 0.0, [pid]
-    while todo:
-        here = todo.pop()
-        total += cpu_seconds(here)
-        todo += children(here)
-    return total
+    return sum(cpu_seconds(p) for p in [pid, *descendants(pid)])

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tensorplay.distributed import _procfs
-from tests import netns, timing
+from tests import timing
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -123,7 +123,7 @@ def _stop_hung(job: subprocess.Popen) -> tuple[str, str]:
     """SIGABRT each rank (its stacks go to stderr), then stop the launcher; its output. The
     ranks are the launcher's descendants without children of their own: a warm start's ranks
     are the warm process's children, which die with it, so it is not signalled."""
-    below = netns.descendants(job.pid)
+    below = _procfs.descendants(job.pid)
     ranks = [pid for pid in below if not _procfs.children(pid)]
     for pid in ranks:
         _signal(pid, signal.SIGABRT)

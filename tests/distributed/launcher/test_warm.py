@@ -20,6 +20,8 @@ from tests import timing
 
 from .test_main import assert_all_gone, read_pids, run, script
 
+pytestmark = pytest.mark.warm_ranks  # warm start is what these tests are about
+
 # what a rank prints about itself: forked warm, the package is already in sys.modules
 REPORT = """
     import random
