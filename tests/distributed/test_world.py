@@ -316,3 +316,77 @@ def test_a_group_whose_members_do_not_all_come_to_its_first_use_names_them_in_ti
         assert "rank 3 had not arrived. Fix:" in str(err)
     assert elapsed < timing.bound(1.0, 5.0)
     assert ranks.engine.made == []  # nobody holds a half-made group
+
+
+def _stuck_creation(rank_2_dead: bool = False):
+    """Rank 0 of a 4-rank thread world whose engine's group creation never returns by itself
+    (as gloo's rendezvous with a peer that gave up was seen to: 120 s in a group made with a
+    30 s timeout), and the event that frees the abandoned creation at the test's end.
+    ``rank_2_dead``: rank 2 "on this host" has exited."""
+    import threading
+
+    from tests.fakes import ThreadRanks, exited_pid
+
+    ranks = ThreadRanks(4, host_pids={0: 1, 1: 1, 2: exited_pid(), 3: 1} if rank_2_dead
+                        else None)
+    released = threading.Event()
+    ranks.engine.new_group = lambda *_args: released.wait(60) and "late"
+    return ranks.world(0), released
+
+
+def _bounded_creation(world, within_s: float, meanwhile=None):
+    """world.group([0, 1, 2], within=within_s) on a thread; (error or group, seconds)."""
+    import threading
+    from datetime import timedelta
+
+    from tensorplay.distributed._mesh_spec import Ranks
+
+    out: list = []
+    start = time.monotonic()
+
+    def make():
+        try:
+            out.append(world.group(Ranks.of([0, 1, 2]), within=timedelta(seconds=within_s)))
+        except Exception as err:  # noqa: BLE001 - the test reads it
+            out.append(err)
+
+    thread = threading.Thread(target=make, daemon=True)
+    thread.start()
+    if meanwhile is not None:
+        meanwhile()
+    thread.join(timing.bound(within_s * 1.1 + 1.0, 10.0))
+    return (out[0] if out else None), time.monotonic() - start
+
+
+def test_a_bounded_group_creation_that_the_engine_never_ends_times_out_at_its_bound():
+    world, released = _stuck_creation()
+    try:
+        err, elapsed = _bounded_creation(world, 0.3)
+    finally:
+        released.set()
+    assert isinstance(err, dist.DistributedTimeoutError), err
+    assert err.timeout_s == 0.3 and "creating the group [0-2]" in str(err), err
+    assert elapsed >= 0.3
+
+
+def test_a_bounded_group_creation_is_given_up_once_its_epoch_is_severed():
+    world, released = _stuck_creation()
+    try:
+        err, elapsed = _bounded_creation(world, 30.0, lambda: (time.sleep(0.2),
+                                                                world.sever_epoch(0)))
+    finally:
+        released.set()
+    assert isinstance(err, dist.RankFailedError), err
+    assert "a recovery of epoch 0 began elsewhere while it was being made" in str(err), err
+    assert elapsed < 30.0  # not the bound: the sever
+
+
+def test_a_bounded_group_creation_is_given_up_once_a_member_on_this_host_died():
+    world, released = _stuck_creation(rank_2_dead=True)
+    try:
+        err, elapsed = _bounded_creation(world, 30.0)
+    finally:
+        released.set()
+    assert isinstance(err, dist.RankFailedError) and err.ranks == [2], err
+    assert "rank 2 died while it was being made" in str(err), err
+    assert elapsed < 30.0

@@ -255,7 +255,8 @@ def read_verdict() -> dict | None:
 
 
 def unless_told(step: str | Callable[[], str], world: JobContext, backend: str,
-                call: Callable[[], T]) -> T:
+                call: Callable[[], T], *, within_s: float | None = None,
+                stopped: Callable[[], tuple[str, list[int]] | None] | None = None) -> T:
     """``call()``, or RankFailedError with the launcher's words as soon as it writes a verdict
     (a node lost, a failure elsewhere) while the call still waits.
 
@@ -264,9 +265,19 @@ def unless_told(step: str | Callable[[], str], world: JobContext, backend: str,
     verdict; the helper is left blocked when the verdict comes (the process is ending). Only
     for a CPU backend of an engine with a store (gloo): a CUDA call would run on a thread
     without this thread's device.
+
+    ``within_s`` bounds the call (on one host too): a helper thread runs it, and this thread
+    raises DistributedTimeoutError once ``within_s`` (and a grace for the engine's own error,
+    ``_bound``) has passed, or RankFailedError as soon as ``stopped()`` says why the call is
+    pointless and which ranks that names (a recovery began elsewhere; a member died). For a
+    group made as an elastic mesh grows: gloo's rendezvous with a peer that gave up can
+    outlast its own timeout (seen: two fresh ranks 120 s in ``ProcessGroupGloo()`` made with
+    a 30 s timeout), and the members recover without them meanwhile. The abandoned helper
+    stays blocked, or fails on its own.
     """
     engine = world.engine
-    if (not os.environ.get(VERDICT_FILE) or not engine.capabilities.has_store
+    watched = bool(os.environ.get(VERDICT_FILE)) or within_s is not None
+    if (not watched or not engine.capabilities.has_store
             or engine.backend_for_device("cpu", backend) != backend):
         return call()
     box: dict[str, Any] = {}
@@ -280,19 +291,28 @@ def unless_told(step: str | Callable[[], str], world: JobContext, backend: str,
         finally:
             done.set()
 
+    def what() -> str:
+        return step() if callable(step) else step
+
     def told(said: dict) -> RankFailedError:
-        what = step() if callable(step) else step
-        err = RankFailedError(f"{what} failed: {said['text']}. {FIX_FAILED}",
+        err = RankFailedError(f"{what()} failed: {said['text']}. {FIX_FAILED}",
                               ranks=said.get("ranks") or None)
         err.told = True  # named_failures passes it on as it is
         return err
 
     _thread.start_new_thread(run, ())
-    pause = 0.0005
+    began, pause = time.monotonic(), 0.0005
     while not done.wait(pause):
         said = read_verdict()
         if said is not None:
             raise told(said)
+        why = stopped() if stopped is not None else None
+        if why is not None:
+            raise RankFailedError(f"{what()} failed: {why[0]}. {fix_failed(world)}",
+                                  ranks=why[1] or None)
+        if within_s is not None and time.monotonic() - began > _bound(within_s):
+            raise DistributedTimeoutError(what(), within_s, None,
+                                          who="the group's members did not all connect")
         pause = min(pause * 2, WATCH_S)
     if "error" in box:
         # a peer that read the verdict first and ended breaks this call's connection: the
@@ -302,6 +322,13 @@ def unless_told(step: str | Callable[[], str], world: JobContext, backend: str,
             raise told(said) from box["error"]
         raise box["error"]
     return box["value"]
+
+
+def _bound(within_s: float) -> float:
+    """How long ``unless_told`` lets a call bounded by ``within_s`` run: 10% and 1 s more,
+    so that the engine's own error, which says more, comes first when the engine keeps to
+    the bound (30 s -> 34 s)."""
+    return within_s * 1.1 + 1.0
 
 
 def _not_failed(world: JobContext, gone: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -23,7 +23,7 @@ from . import _accounting, _env, _keys, _progress, backends
 from ._control_gather import GatherControl, SoloControl
 from ._control_store import StoreControl
 from ._engine import GathersText, Severable
-from ._failures import collective_error, named_failures, unless_told
+from ._failures import collective_error, dead_on_this_host, named_failures, unless_told
 from ._layout import Layout
 from ._mesh_spec import Ranks
 from ._registry import GroupRegistry
@@ -37,6 +37,7 @@ from .errors import (
     bad_type,
     check_int,
     format_ranks,
+    rank_words,
 )
 from .process_group import ProcessGroup, check_ranks_in_world, group_name
 
@@ -81,6 +82,7 @@ class World:
     control: Control = field(init=False)  # what the ranks decide together (``_control``)
     _registry: GroupRegistry = field(init=False)  # the current epoch's groups
     present: list[int] | None = None  # ranks still in the job after an epoch change (None: all)
+    severed_epoch: int = -1  # the newest epoch whose groups sever_epoch broke
     # what a layer over the core keeps here (``layer``), its calls at destroy (``at_destroy``)
     # and its advice after a lost rank (``expect_losses``): the elastic layer uses all three
     _layers: dict[str, Any] = field(default_factory=dict)
@@ -139,10 +141,14 @@ class World:
         point) and bind its collectives."""
         ranks, backend = group.rank_seq, group.backend
         what = desc if not desc.startswith("mesh_") else f"mesh dim {desc[5:]!r}"
+        epoch = self.spmd.epoch
         engine_group = unless_told(
             lambda: f"creating the group [{format_ranks(ranks.tolist())}] ({what})", self,
             backend, lambda: self.engine.new_group(group.name, ranks, backend,
-                                                   within or self.timeout, desc))
+                                                   within or self.timeout, desc),
+            within_s=None if within is None else within.total_seconds(),
+            stopped=None if within is None else lambda: self._severed_words(epoch,
+                                                                             ranks.tolist()))
         if within is not None and isinstance(self.engine, Severable):
             self.engine.set_timeout(engine_group, self.timeout)
         self._registry.created += 1
@@ -250,12 +256,23 @@ class World:
         engine = self.engine
         if not isinstance(engine, Severable):
             return
+        if self.spmd.epoch == epoch:  # a group of it still being made is given up (_make)
+            self.severed_epoch = max(self.severed_epoch, epoch)
         for group in self._registry.groups():
             engine_group = group.made_engine_group()  # a group not made has nothing to break
             if (self.spmd.epoch == epoch and engine_group is not None and not group.retired
                     and group is not self.default_group):
                 with suppress(Exception):
                     engine.sever(engine_group)
+
+    def _severed_words(self, epoch: int, ranks: list[int]) -> tuple[str, list[int]] | None:
+        """Why a group of ``epoch`` still being made within a bound is given up, or None: a
+        recovery of that epoch began (``sever_epoch``), or one of its ``ranks`` died on this
+        host; with the ranks that names."""
+        if self.severed_epoch >= epoch:
+            return f"a recovery of epoch {epoch} began elsewhere while it was being made", []
+        dead = [r for r, _ in dead_on_this_host(self, 0.0) if r in ranks]
+        return (f"{rank_words(dead)} died while it was being made", dead) if dead else None
 
     @staticmethod
     def let_go(engine_groups: list[Any]) -> None:

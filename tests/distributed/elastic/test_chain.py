@@ -65,6 +65,18 @@ def test_the_first_record_of_what_follows_an_epoch_stands():
     assert json.loads(store.peek([_keys.ELASTIC_NEXT.format(epoch=1)])[0]) == shrink
 
 
+def test_a_recovery_s_detect_time_is_the_first_ranks_for_a_rank_without_its_own():
+    """Rank 4's all_reduce failed after 0.04 s and began the recovery; rank 0's next call was
+    refused by the watcher's break (no time of its own): it reports rank 4's 0.04 s; a rank
+    with a time of its own keeps it."""
+    store = StoreBoard(MemoryStore())
+    assert _elastic.recovering(store, 1, 4, 0.04) == 0.04
+    assert _elastic.recovering(store, 1, 0, None) == 0.04
+    assert _elastic.recovering(store, 1, 5, 0.5) == 0.04  # the caller keeps its own 0.5
+    assert store.peek([_keys.ELASTIC_RECOVERING.format(epoch=1)]) == ["4 detect=0.040000"]
+    assert _elastic.recovering(store, 2, 0, None) is None  # nobody measured one
+
+
 def test_a_waiting_rank_follows_the_chain_to_the_record_that_admits_it():
     store = StoreBoard(MemoryStore())
     _elastic.next_of(store, 0, {"epoch": 1, "shape": [1, 4], "ranks": [0, 1, 2, 3],

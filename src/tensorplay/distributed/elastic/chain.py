@@ -38,6 +38,7 @@ member to arrive also checks the missing ranks' want keys); nothing here is O(wo
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -216,8 +217,15 @@ def enter_together(board: Board, decision: dict[str, Any], rank: int,
         time.sleep(POLL_S)
 
 
-def recovering(board: Board, epoch: int, rank: int) -> None:
+def recovering(board: Board, epoch: int, rank: int, detect_s: float | None) -> float | None:
     """Say that a recovery of ``epoch`` began (this rank caught a failure): every rank's
     watcher then breaks its connections of that epoch, so none stays blocked in a collective
-    with a peer that is stalled, or itself blocked elsewhere."""
-    board.post(_keys.ELASTIC_RECOVERING.format(epoch=epoch), str(rank))
+    with a peer that is stalled, or itself blocked elsewhere. The first rank to say so also
+    leaves how long its failed call had waited (``detect_s``); returns that first rank's
+    figure, for a rank whose own call failed only because the watcher broke it (no figure of
+    its own). Worked example: rank 5 killed; rank 4's all_reduce fails after 0.04 s and says
+    "4 detect=0.040000"; rank 0's next call is refused at once: its record reads 0.04 s too."""
+    said = board.decide(_keys.ELASTIC_RECOVERING.format(epoch=epoch),
+                        f"{rank}" + ("" if detect_s is None else f" detect={detect_s:.6f}"))
+    found = re.search(r"\bdetect=([\d.]+)", said)
+    return float(found.group(1)) if found else None

@@ -229,7 +229,8 @@ def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float = WAIT_S,
             f"Fix: a spare waits in mesh.grow() until its slice is filled again")
     started = time.monotonic()
     board = chain.board_of(world)
-    chain.recovering(board, plan.epoch, world.rank)
+    waited = getattr(err, "waited_s", None)
+    first = chain.recovering(board, plan.epoch, world.rank, waited)
     closed = world.close_epoch(f"was closed by the recovery after a failure in epoch "
                                f"{plan.epoch}", sever=True)
     _let_go(err)  # the failed call's frames let go of its engine group; this thread keeps
@@ -250,7 +251,8 @@ def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float = WAIT_S,
         "epoch": plan.epoch + 1, "shape": list(shrunk.shape), "ranks": list(shrunk.ranks),
         "lost": list(shrunk.lost), "spares": list(shrunk.spares)})
     return enter(world, mesh, plan, decision, kind="shrink",
-                 detect_s=getattr(err, "waited_s", None), agree_s=time.monotonic() - started)
+                 detect_s=first if waited is None else waited,
+                 agree_s=time.monotonic() - started)
 
 
 def _seen_dead(world: World) -> list[int]:

@@ -5,8 +5,10 @@ Every epoch change (a shrink after a loss, a grow back, a restarted rank's join)
 time.monotonic():
 
 - ``detect_s``: how long the collective that failed had waited when the engine failed it
-  (``DistributedError.waited_s``; None when the error came from elsewhere, and on a grow):
-  an upper bound on the time from the fault to this rank knowing of it;
+  (``DistributedError.waited_s``): an upper bound on the time from the fault to this rank
+  knowing of it. A rank whose call failed only because another rank's recovery broke its
+  connections (no figure of its own) takes that of the rank that began the recovery
+  (``chain.recovering``); None when neither has one (an error from elsewhere), and on a grow;
 - ``agree_s``: from ``recover()`` to the lost ranks agreed by every survivor (closing the
   failed epoch's groups included); for a grow, the poll that decided it; None on a rank that
   waited to be admitted (its wait is not a cost of the recovery);

@@ -98,8 +98,8 @@ class Session:
                 with suppress(Exception):  # the store gone: the main thread will say so
                     loss = _losses.naming(world.members(), world.admitted_from)
                     if loss is not None:  # a node lost: whoever is blocked with it is freed
-                        board.post(_keys.ELASTIC_RECOVERING.format(epoch=epoch),
-                                   f"{world.rank} {loss['text']}")
+                        board.decide(_keys.ELASTIC_RECOVERING.format(epoch=epoch),
+                                     f"{world.rank} {loss['text']}")
                     if board.peek([_keys.ELASTIC_RECOVERING.format(epoch=epoch)])[0]:
                         world.sever_epoch(epoch)
                         while world.alive and world.spmd.epoch == epoch:
