@@ -390,3 +390,21 @@ def test_a_bounded_group_creation_is_given_up_once_a_member_on_this_host_died():
     assert isinstance(err, dist.RankFailedError) and err.ranks == [2], err
     assert "rank 2 died while it was being made" in str(err), err
     assert elapsed < 30.0
+
+
+@pytest.mark.parametrize(("rank", "compared"), [(1, True), (5, False)])
+def test_a_rank_outside_the_current_members_leaves_without_comparing_counts(
+        fake_world, monkeypatch, rank, compared):
+    """After an elastic mesh shrank to ranks 0-3, spare rank 5's destroy_process_group posts
+    no counts (nobody compares them, and under env:// the store may have gone with rank 0);
+    member rank 1 still compares."""
+    from tensorplay.distributed import _accounting
+    from tensorplay.distributed.world import current_world
+
+    fake_world(rank, 8)
+    current_world("test").open_epoch(1, present=[0, 1, 2, 3])
+    calls: list[int] = []
+    monkeypatch.setattr(_accounting, "check_at_end", lambda world: calls.append(world.rank))
+    dist.destroy_process_group()
+    assert calls == ([rank] if compared else [])
+    assert not dist.is_initialized()

@@ -562,9 +562,15 @@ def is_initialized() -> bool:
 
 
 def destroy_process_group() -> None:
-    """Leave the world: every group and mesh of it stops working."""
+    """Leave the world: every group and mesh of it stops working. A rank outside the job's
+    current members (a spare of an elastic mesh that chose to leave) leaves as
+    ``leave_unheard`` does: nobody compares its counts, and the store it would post them to
+    may be gone with rank 0 (env:// and tcp://), which finished without it."""
     global _WORLD
     world = current_world("destroy_process_group()")
+    if world.rank not in world.members():
+        leave_unheard(world)
+        return
     _WORLD = None
     for call in world._at_destroy:
         with suppress(RuntimeError, OSError):
