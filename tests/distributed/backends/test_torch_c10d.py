@@ -83,3 +83,51 @@ def test_a_severed_group_refuses_every_later_call_at_once(gloo1):
         with pytest.raises(RuntimeError, match=r"\(\) failed: this rank broke its connections "
                                                r"of the group: a recovery began"):
             call()
+
+
+def _refused_while_waiting_job(rank: int) -> dict:
+    """Rank 0 waits in an all_reduce on a breakable gloo group that rank 1 has not joined;
+    another thread refuses the group 0.3 s later without shutting any socket (gloo never
+    hears of it). Rank 1 joins the all_reduce only after rank 0's call ended, so that the
+    abandoned work completes and both ranks end cleanly."""
+    import threading
+    from datetime import timedelta
+
+    from torch.distributed import distributed_c10d as c10d
+
+    from tensorplay.distributed import ReduceOp
+    from tensorplay.distributed.backends.torch_collectives import TorchGroupOps
+
+    tdist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    store = c10d._get_default_store()
+    ops = TorchGroupOps(c10d._get_default_group(), "gloo", 2,
+                        lambda err, what: RuntimeError(f"{what} failed: {err}"), breakable=True)
+    out: dict = {}
+    if rank == 0:
+        threading.Timer(0.3, ops.refuse, ("a recovery began (test)",)).start()
+        start = time.monotonic()
+        try:
+            ops.all_reduce(torch.ones(2), ReduceOp.SUM, False)
+        except RuntimeError as err:
+            out["error"] = str(err)
+        out["seconds"] = time.monotonic() - start
+        store.set("rank 0 done", "1")
+    else:
+        store.wait(["rank 0 done"])
+        tdist.all_reduce(torch.ones(2))
+    store.set(f"rank {rank} ended", "1")
+    store.wait([f"rank {1 - rank} ended"])
+    tdist.destroy_process_group()
+    return out
+
+
+@pytest.mark.slow  # two processes
+def test_a_call_waiting_on_a_breakable_group_fails_within_a_slice_of_its_refusal():
+    """The call was posted before the refusal, and no socket was shut: it still fails, one
+    wait slice after the refusal, instead of waiting out the group's 60 s timeout."""
+    from tensorplay.distributed.backends.torch_collectives import WAIT_SLICE
+    from tests import spawn
+
+    got = spawn.run(_refused_while_waiting_job, 2, init=False, timeout=60)
+    assert got[0]["error"] == "all_reduce() failed: a recovery began (test)", got
+    assert 0.3 <= got[0]["seconds"] < timing.bound(0.3 + WAIT_SLICE.total_seconds(), 5.0), got

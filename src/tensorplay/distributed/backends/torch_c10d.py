@@ -399,7 +399,8 @@ class TorchEngine:
         """The collectives of ``group`` on c10d group ``engine_group``."""
         from .torch_collectives import TorchGroupOps
 
-        ops = TorchGroupOps(engine_group, group.backend, group.size(), failed)
+        ops = TorchGroupOps(engine_group, group.backend, group.size(), failed,
+                            breakable=self._sockets is not None)
         if self._sockets is not None:  # an elastic world: sever() may refuse its calls
             self._ops[id(engine_group)] = ops
         return ops

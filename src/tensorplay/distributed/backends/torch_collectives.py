@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,9 @@ _TORCH_OPS_BY_ID = {id(ours): theirs for ours, theirs in _TORCH_OPS.items()}
 _ALLREDUCE_OPTS_BY_ID = {id(ours): _allreduce_options(theirs) for ours, theirs in
                          _TORCH_OPS.items()}
 _AVG_ID = id(ReduceOp.AVG)
+# how long a call on a breakable group waits before it looks whether the group was refused:
+# a call that ends sooner pays nothing; a refused one fails at most this long after the sever
+WAIT_SLICE = timedelta(seconds=0.2)
 _has_torch_function = torch._C._has_torch_function_unary
 # Groups inside torch's coalescing manager: a call there must be queued by torch's wrapper.
 _COALESCING: dict = getattr(c10d._world, "pg_coalesce_state", {})
@@ -133,16 +137,17 @@ def _timed(err: Exception, since: float) -> Exception:
 
 
 class _Guarded:
-    """Engine work whose wait() raises our errors."""
+    """Engine work whose wait() raises our errors; ``waiter`` waits (``TorchGroupOps._wait``)."""
 
     def __init__(self, work: Any, what: str, failed: Callable[[BaseException, str], Exception],
-                 since: float):
+                 since: float, waiter: Callable[[Any], None]):
         self.work, self.what, self.failed, self.since = work, what, failed, since
+        self.waiter = waiter
 
     def wait(self) -> None:
         try:
-            self.work.wait()
-        except RuntimeError as err:
+            self.waiter(self.work)
+        except (RuntimeError, ConnectionError) as err:
             raise _timed(self.failed(err, self.what), self.since) from None  # it quotes the
             # engine's words
 
@@ -154,21 +159,33 @@ _CALLS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_te
 
 
 class TorchGroupOps:
-    """Collectives on one c10d group, called on a member of it."""
+    """Collectives on one c10d group, called on a member of it.
+
+    ``breakable`` (a gloo group of an elastic world): a call waits for its work in slices
+    of WAIT_SLICE, and fails once ``refuse`` was called, even where gloo misses the shutdown
+    of the group's sockets (seen: a rank that reached its ring all_reduce after the sever
+    waited for a peer that had not broken its side). Calls that end within a slice pay one
+    attribute check for it.
+    """
 
     def __init__(self, engine_group: Any, backend: str, size: int,
-                 failed: Callable[[BaseException, str], Exception]):
+                 failed: Callable[[BaseException, str], Exception], breakable: bool = False):
         self._group = engine_group
         self._backend = backend
         self._gloo = backend == "gloo"
         self._size = size
         self._failed = failed
+        self._breakable = breakable and self._gloo
+        self._why: str | None = None  # why the calls are refused (``refuse``)
 
     def refuse(self, why: str) -> None:
         """From now on every call raises at once what a broken connection raises, ``why``
-        as the engine's words: the group's connections were broken on this rank
-        (``TorchEngine.sever``). Done by shadowing the calls, so that the calls of a group
-        never broken pay nothing for it."""
+        as the engine's words, and a call still waiting (``breakable``) raises it within a
+        slice: the group's connections were broken on this rank (``TorchEngine.sever``).
+        Done by shadowing the calls, so that the calls of a group never broken pay nothing
+        for it."""
+        self._why = why
+
         def refused(name: str) -> Callable[..., Any]:
             def call(*_args: Any, **_kwargs: Any) -> Any:
                 raise self._failed(ConnectionError(why), f"{name}()")
@@ -183,15 +200,37 @@ class TorchGroupOps:
         _arrays.check_count(name, values, self._size)
         return [self._buffer(v, f"{name}[{i}]") for i, v in enumerate(values)]
 
+    def _wait(self, work: Any) -> None:
+        """``work.wait()``; on a breakable group in slices, raising ConnectionError with the
+        refusal's words once ``refuse`` was called (the work itself is left to gloo: its
+        group is being closed)."""
+        if not self._breakable:
+            work.wait()
+            return
+        while True:
+            try:
+                work.wait(WAIT_SLICE)
+                return
+            except RuntimeError:
+                if work.is_completed():  # ended (or failed) as the slice ran out
+                    work.wait()  # returns, or raises the work's own error
+                    return
+                if self._why is not None:
+                    raise ConnectionError(self._why) from None
+
     def _run(self, what: str, async_op: bool, buffers: Sequence[_Buffer],
-             call: Callable[[Any], Any]) -> Work | None:
-        """Run ``call(engine_group)``; engine failures become our errors."""
+             call: Callable[[Any, bool], Any]) -> Work | None:
+        """Run ``call(engine_group, async_op)``; engine failures become our errors. A
+        blocking call on a breakable group is made asynchronous and waited for (``_wait``)."""
         since = time.monotonic()
         try:
-            work = call(self._group)
+            work = call(self._group, async_op or self._breakable)
             if async_op:
-                return Work(_Guarded(work, what, self._failed, since), lambda: _finish(buffers))
-        except RuntimeError as err:
+                return Work(_Guarded(work, what, self._failed, since, self._wait),
+                            lambda: _finish(buffers))
+            if self._breakable:
+                self._wait(work)
+        except (RuntimeError, ConnectionError) as err:
             raise _timed(self._failed(err, what), since) from None  # it quotes the engine
         _finish(buffers)
         return None
@@ -212,39 +251,39 @@ class TorchGroupOps:
             # (bench/mesh_init.py table (c)).
             since = time.monotonic()
             try:
-                self._group.allreduce([tensor], opts).wait()
-            except RuntimeError as err:
+                self._wait(self._group.allreduce([tensor], opts))
+            except (RuntimeError, ConnectionError) as err:
                 raise _timed(self._failed(err, "all_reduce()"), since) from None  # it quotes
                 # the engine's words
             return None
         buf = self._buffer(tensor, "tensor")
         torch_op = _op(op, buf.tensor)
-        return self._run("all_reduce()", async_op, [buf], lambda g: dist.all_reduce(
-            buf.tensor, op=torch_op, group=g, async_op=async_op))
+        return self._run("all_reduce()", async_op, [buf], lambda g, a: dist.all_reduce(
+            buf.tensor, op=torch_op, group=g, async_op=a))
 
     def broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
         buf = self._buffer(tensor, "tensor")
-        return self._run("broadcast()", async_op, [buf], lambda g: dist.broadcast(
-            buf.tensor, src=src, group=g, async_op=async_op))
+        return self._run("broadcast()", async_op, [buf], lambda g, a: dist.broadcast(
+            buf.tensor, src=src, group=g, async_op=a))
 
     def reduce(self, tensor: Any, dst: int, op: Any, async_op: bool) -> Work | None:
         buf = self._buffer(tensor, "tensor")
         torch_op = _op(op, buf.tensor)
-        return self._run("reduce()", async_op, [buf], lambda g: dist.reduce(
-            buf.tensor, dst=dst, op=torch_op, group=g, async_op=async_op))
+        return self._run("reduce()", async_op, [buf], lambda g, a: dist.reduce(
+            buf.tensor, dst=dst, op=torch_op, group=g, async_op=a))
 
     def all_gather(self, tensor_list: Any, tensor: Any, async_op: bool) -> Work | None:
         buf = self._buffer(tensor, "tensor")
         outs = self._buffers(tensor_list, "tensor_list")
-        return self._run("all_gather()", async_op, outs, lambda g: dist.all_gather(
-            [o.tensor for o in outs], buf.tensor, group=g, async_op=async_op))
+        return self._run("all_gather()", async_op, outs, lambda g, a: dist.all_gather(
+            [o.tensor for o in outs], buf.tensor, group=g, async_op=a))
 
     def all_gather_into_tensor(self, output: Any, input: Any, async_op: bool) -> Work | None:
         out = self._buffer(output, "output_tensor")
         inp = self._buffer(input, "input_tensor")
         _arrays.check_numel("output_tensor", out.tensor, inp.tensor.numel() * self._size)
-        return self._run("all_gather_into_tensor()", async_op, [out], lambda g: _GATHER_INTO(
-            out.tensor.view(-1), inp.tensor.view(-1), group=g, async_op=async_op))
+        return self._run("all_gather_into_tensor()", async_op, [out], lambda g, a: _GATHER_INTO(
+            out.tensor.view(-1), inp.tensor.view(-1), group=g, async_op=a))
 
     def reduce_scatter_tensor(self, output: Any, input: Any, op: Any,
                               async_op: bool) -> Work | None:
@@ -252,42 +291,44 @@ class TorchGroupOps:
         inp = self._buffer(input, "input")
         _arrays.check_numel("input", inp.tensor, out.tensor.numel() * self._size)
         torch_op = _op(op, inp.tensor)
-        return self._run("reduce_scatter_tensor()", async_op, [out], lambda g: _SCATTER_FROM(
-            out.tensor.view(-1), inp.tensor.view(-1), op=torch_op, group=g, async_op=async_op))
+        return self._run("reduce_scatter_tensor()", async_op, [out], lambda g, a: _SCATTER_FROM(
+            out.tensor.view(-1), inp.tensor.view(-1), op=torch_op, group=g, async_op=a))
 
     def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any,
                           input_split_sizes: Any, async_op: bool) -> Work | None:
         out = self._buffer(output, "output")
         inp = self._buffer(input, "input")
         return self._run("all_to_all_single()", async_op, [out],
-                         lambda g: dist.all_to_all_single(
+                         lambda g, a: dist.all_to_all_single(
                              out.tensor, inp.tensor, output_split_sizes, input_split_sizes,
-                             group=g, async_op=async_op))
+                             group=g, async_op=a))
 
     def gather(self, tensor: Any, gather_list: Any, dst: int, async_op: bool) -> Work | None:
         buf = self._buffer(tensor, "tensor")
         is_dst = gather_list is not None
         outs = self._buffers(gather_list, "gather_list") if is_dst else []
-        return self._run("gather()", async_op, outs, lambda g: dist.gather(
+        return self._run("gather()", async_op, outs, lambda g, a: dist.gather(
             buf.tensor, [o.tensor for o in outs] if is_dst else None, dst=dst, group=g,
-            async_op=async_op))
+            async_op=a))
 
     def scatter(self, tensor: Any, scatter_list: Any, src: int, async_op: bool) -> Work | None:
         buf = self._buffer(tensor, "tensor")
         is_src = scatter_list is not None
         ins = self._buffers(scatter_list, "scatter_list") if is_src else []
-        return self._run("scatter()", async_op, [buf], lambda g: dist.scatter(
+        return self._run("scatter()", async_op, [buf], lambda g, a: dist.scatter(
             buf.tensor, [i.tensor for i in ins] if is_src else None, src=src, group=g,
-            async_op=async_op))
+            async_op=a))
 
     def send(self, tensor: Any, dst: int) -> None:
         buf = self._buffer(tensor, "tensor")
-        self._run("send()", False, [], lambda g: dist.send(buf.tensor, dst=dst, group=g))
+        self._run("send()", False, [], lambda g, a: (dist.isend if a else dist.send)(
+            buf.tensor, dst=dst, group=g))
 
     def recv(self, tensor: Any, src: int) -> None:
         buf = self._buffer(tensor, "tensor")
-        self._run("recv()", False, [buf], lambda g: dist.recv(buf.tensor, src=src, group=g))
+        self._run("recv()", False, [buf], lambda g, a: (dist.irecv if a else dist.recv)(
+            buf.tensor, src=src, group=g))
 
     def barrier(self, async_op: bool) -> Work | None:
         return self._run("barrier()", async_op, [],
-                         lambda g: dist.barrier(group=g, async_op=async_op))
+                         lambda g, a: dist.barrier(group=g, async_op=a))
