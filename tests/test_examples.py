@@ -159,9 +159,11 @@ def test_heat2d_on_the_mpi_engine_matches_one_process():
 
     if importlib.util.find_spec("mpi4py") is None or test_mpi.MPIEXEC is None:
         pytest.skip("the MPI engine needs mpi4py and mpiexec: pip install -e '.[mpi]'")
-    done = subprocess.run([test_mpi.MPIEXEC, "-n", "8", sys.executable, HEAT, "--steps", "60"],
-                          cwd=ROOT, env=test_mpi.job_env(), capture_output=True, text=True,
-                          timeout=timing.guard(300), errors="replace", start_new_session=True)
+    with test_mpi.one_job():
+        done = subprocess.run([test_mpi.MPIEXEC, "-n", "8", sys.executable, HEAT, "--steps",
+                               "60"], cwd=ROOT, env=test_mpi.job_env(), capture_output=True,
+                              text=True, timeout=timing.guard(300), errors="replace",
+                              start_new_session=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "on the mpi backend" in done.stdout
     assert heat_diff(done.stdout) <= 1e-12

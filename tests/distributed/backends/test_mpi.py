@@ -3,7 +3,8 @@ against numpy brute force, a job without torch, and every way a job could hang.
 
 Each test runs ``mpi_jobs.py <scenario>`` under ``mpiexec -n N`` in its own session, with a
 hard timeout that kills the whole process group (mpiexec, its proxies, the ranks), and checks
-that nothing of it is left. Skipped where mpi4py or mpiexec is missing. The jobs import no
+that nothing of it is left: one job at a time (``one_job``), whose topology file in /tmp is
+removed when MPICH leaves it there. Skipped where mpi4py or mpiexec is missing. The jobs import no
 torch unless a scenario asks for it, so the quick ones stay in the daily tier; the fault
 injections are ``slow`` and ``faults``.
 """
@@ -11,6 +12,7 @@ injections are ``slow`` and ``faults``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.util
 import json
 import os
@@ -54,6 +56,27 @@ def job_env(**extra: str) -> dict[str, str]:
     return env
 
 
+HYDRA_FILES = "/tmp/hydra_hwloc_xmlfile_*"  # MPICH's hydra writes its topology here (a
+# fixed path), and a job that ends in MPI_Abort leaves it behind (seen with a bare mpiexec)
+
+
+@contextlib.contextmanager
+def one_job():
+    """Run one mpiexec job of this test run at a time (an flock on a file under build/, so
+    across xdist workers too), and remove the hydra topology files that appeared meanwhile:
+    with the lock held they are this job's, and its processes are gone when it is released."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS / "one_job.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        before = set(Path("/").glob(HYDRA_FILES[1:]))
+        try:
+            yield
+        finally:
+            for left in set(Path("/").glob(HYDRA_FILES[1:])) - before:
+                with contextlib.suppress(OSError):
+                    left.unlink()
+
+
 def mpiexec(n: int, *args: str, timeout: float = 60, flags: tuple[str, ...] = (),
             wrap: tuple[str, ...] = (), **env: str) -> tuple[int, str, float]:
     """Run ``mpiexec -n n [wrap] python mpi_jobs.py args``: (exit code, stdout + stderr,
@@ -62,26 +85,26 @@ def mpiexec(n: int, *args: str, timeout: float = 60, flags: tuple[str, ...] = ()
     The job runs in its own session; at the timeout, or when it ends, its whole process
     group is killed (an MPI rank whose launcher died must not survive the test).
     """
-    began = time.monotonic()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    for old in RESULTS.glob("rank*.jsonl"):
-        old.unlink()
-    env.setdefault("RESULT_DIR", str(RESULTS))
-    proc = subprocess.Popen([MPIEXEC, *flags, "-n", str(n), *wrap, sys.executable, str(JOBS),
-                             *args],
-                            cwd=ROOT, env=job_env(**env), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace",
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"mpiexec ran past {timeout} s:\n{out[-4000:]}") from None
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # the job's group is gone already
+    with one_job():
+        began = time.monotonic()
+        for old in RESULTS.glob("rank*.jsonl"):
+            old.unlink()
+        env.setdefault("RESULT_DIR", str(RESULTS))
+        proc = subprocess.Popen([MPIEXEC, *flags, "-n", str(n), *wrap, sys.executable,
+                                 str(JOBS), *args],
+                                cwd=ROOT, env=job_env(**env), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace",
+                                start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-    return proc.returncode, out, time.monotonic() - began
+            out, _ = proc.communicate()
+            raise AssertionError(f"mpiexec ran past {timeout} s:\n{out[-4000:]}") from None
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # the job's group is gone already
+                os.killpg(proc.pid, signal.SIGKILL)
+        return proc.returncode, out, time.monotonic() - began
 
 
 def results() -> dict[int, object]:
