@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -130,13 +131,7 @@ class DeviceMesh:
                     or any(name in vars(c).get("__slots__", ()) for c in cls.__mro__)):
                 raise AttributeError(f"{cls.__name__!r} object has no attribute {name!r}",
                                      name=name, obj=self)
-            raise NotATorchMeshError(
-                f"mesh.{name}: this is tensorplay's DeviceMesh, not torch's; a torch function "
-                f"read torch's internal {name!r} from it. Fix: pass mesh.to_torch() to torch "
-                "functions (torch's DeviceMesh on the same groups), or call the versions that "
-                "take our mesh: tensorplay.distributed.fsdp.fully_shard, "
-                "tensorplay.distributed.tensor (distribute_tensor, DTensor.from_local) and "
-                "tensorplay.distributed.tensor.parallel (parallelize_module).", name=name)
+            raise _not_torch(f"mesh.{name}", f"read torch's internal {name!r} from it", name)
 
     # -- what the mesh is -------------------------------------------------------------------
     @property
@@ -230,7 +225,16 @@ class DeviceMesh:
         return self._spec.shift(self._world.rank, dim, disp, periodic)
 
     def get_group(self, mesh_dim: int | str | None = None) -> ProcessGroup:
-        """The process group along ``mesh_dim`` through this rank."""
+        """The process group along ``mesh_dim`` through this rank.
+
+        Asked by torch's own code (torch's ``fully_shard`` handed our mesh reads only public
+        members, this among them), it raises NotATorchMeshError: our group is no torch group,
+        and torch's first collective would otherwise refuse it far from the mistake. One
+        frame lookup, ~0.1 us."""
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.startswith("torch."):
+            raise _not_torch("mesh.get_group()", f"asked it for a group ({caller})",
+                             "get_group")
         dim = self._dim_or_only(mesh_dim, "get_group")
         self._my_coordinate("get_group()")
         return self._groups[dim]
@@ -930,3 +934,14 @@ def _not_elastic(mesh: DeviceMesh, what: str) -> ArgumentError:
     return bad_argument("mesh", mesh, f"is not elastic, so {what} cannot change it",
                         "make it with init_device_mesh(..., elastic='dp') (its replica "
                         "dim), and call it on that mesh, not on a slice of it")
+
+
+def _not_torch(what: str, did: str, name: str) -> NotATorchMeshError:
+    """The error for a torch function that was handed our mesh and ``did`` something only
+    torch's DeviceMesh can answer."""
+    return NotATorchMeshError(
+        f"{what}: this is tensorplay's DeviceMesh, not torch's; a torch function {did}. Fix: "
+        "pass mesh.to_torch() to torch functions (torch's DeviceMesh on the same groups), or "
+        "call the versions that take our mesh: tensorplay.distributed.fsdp.fully_shard, "
+        "tensorplay.distributed.tensor (distribute_tensor, DTensor.from_local) and "
+        "tensorplay.distributed.tensor.parallel (parallelize_module).", name=name)

@@ -210,6 +210,23 @@ def test_a_torch_function_that_reads_torch_internals_names_the_fix(gloo1):
         TorchMesh._concatenate([mesh, mesh])  # FSDP2 + TP joins meshes so
 
 
+def test_torch_s_own_fully_shard_handed_our_mesh_names_the_fix_before_it_wraps(gloo1):
+    """torch's fully_shard reads only public members of the mesh; it asks for a group
+    before it changes the module, and that is where it is told to pass mesh.to_torch()."""
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+    model = _model()
+    with pytest.raises(dist.NotATorchMeshError) as caught:
+        torch_fully_shard(model, mesh=mesh)
+    assert str(caught.value).startswith(
+        "mesh.get_group(): this is tensorplay's DeviceMesh, not torch's; a torch function "
+        "asked it for a group (torch.distributed.fsdp."), caught.value
+    assert "Fix: pass mesh.to_torch() to torch functions" in str(caught.value)
+    assert not isinstance(model, FSDPModule)  # nothing was wrapped
+    assert mesh.get_group("dp").ranks == [0]  # asked by anyone else, it answers
+
+
 # -- on a real 1-rank world ----------------------------------------------------------------------
 def test_fully_shard_runs_on_the_mesh_to_torch_gives(gloo1):
     mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp_replicate", "dp_shard"),
