@@ -32,8 +32,12 @@ def test_a_mesh_may_shrink_to_one_slice_but_not_below_its_minimum():
     with pytest.raises(ShrinkError) as err:
         shrink((2, 4), range(8), 0, {1, 6}, minimum=1, dim_name="dp")
     assert str(err.value) == (
-        "mesh dim 'dp' would keep 0 of its 2 slices, below its minimum of 1: lost 1, 6 in "
-        "slices 0-1. Fix: restart the job from its last checkpoint, or allow a smaller minimum")
+        "mesh dim 'dp' would keep 0 of its 2 slices, below its minimum of 1: lost ranks 1, 6 "
+        "in slices 0-1. Fix: restart the job from its last checkpoint, or allow a smaller "
+        "minimum")
+    with pytest.raises(ShrinkError) as err:
+        shrink((2, 4), range(8), 0, {4, 5, 6, 7}, minimum=2, dim_name="dp", hosts=("hostB",))
+    assert "its minimum of 2: lost ranks 4-7 (host hostB) in slice 1. Fix:" in str(err.value)
     with pytest.raises(ShrinkError, match="keep 3 of its 4 slices, below its minimum of 4"):
         shrink((4, 2), range(8), 0, {3}, minimum=4)
 

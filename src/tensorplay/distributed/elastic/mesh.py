@@ -243,7 +243,8 @@ def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float = WAIT_S,
                           wait_s=wait_s, timeout_s=limit, dead=lambda: _seen_dead(world))
         names = spec.names
         shrunk = shrink(spec.shape, members, plan.dim, lost, minimum=plan.minimum,
-                        dim_name=names[plan.dim] if names else None)
+                        dim_name=names[plan.dim] if names else None,
+                        hosts=_hosts_of(world, tuple(lost)))
     except ShrinkError as failure:
         chain.end(board, plan.epoch, str(failure))
         raise

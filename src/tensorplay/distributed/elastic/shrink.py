@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..errors import ShrinkError, format_ranks
+from ..errors import ShrinkError, format_ranks, rank_words
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,12 @@ class Shrunk:
 
 
 def shrink(shape: Sequence[int], ranks: Sequence[int], dim: int, lost: Iterable[int], *,
-           minimum: int = 1, dim_name: str | None = None) -> Shrunk:
+           minimum: int = 1, dim_name: str | None = None, hosts: Sequence[str] = ()
+           ) -> Shrunk:
     """Remove the slices of ``dim`` holding a rank of ``lost`` from the row-major ``ranks``.
 
-    Raises ShrinkError when fewer than ``minimum`` slices would remain (``dim_name`` words it).
+    Raises ShrinkError when fewer than ``minimum`` slices would remain (``dim_name`` words it,
+    ``hosts``, the lost ranks' hosts, follow them: "lost ranks 4-7 (host hostB) in slice 1").
     """
     shape = tuple(int(s) for s in shape)
     if not 0 <= dim < len(shape):
@@ -62,9 +64,9 @@ def shrink(shape: Sequence[int], ranks: Sequence[int], dim: int, lost: Iterable[
     if len(keep) < minimum:
         raise ShrinkError(
             f"mesh dim {name} would keep {len(keep)} of its {shape[dim]} slices, below its "
-            f"minimum of {minimum}: lost {format_ranks(sorted(gone & set(ranks)))} in slices "
-            f"{format_ranks(hit)}. Fix: restart the job from its last checkpoint, or allow "
-            f"a smaller minimum")
+            f"minimum of {minimum}: lost {rank_words(gone & set(ranks))}{_on(hosts)} in "
+            f"slice{'s' if len(hit) > 1 else ''} {format_ranks(hit)}. Fix: restart the job "
+            f"from its last checkpoint, or allow a smaller minimum")
     kept, spares = [], []
     for i, r in enumerate(ranks):
         if (i % outer_stride) // inner in set(hit):
@@ -90,3 +92,10 @@ def grow(full_shape: Sequence[int], full_ranks: Sequence[int], dim: int,
     broken = {(i % outer_stride) // inner for i, r in enumerate(full_ranks) if r not in have}
     kept = tuple(r for i, r in enumerate(full_ranks) if (i % outer_stride) // inner not in broken)
     return shape[:dim] + (shape[dim] - len(broken),) + shape[dim + 1:], kept
+
+
+def _on(hosts: Sequence[str]) -> str:
+    """" (host hostB)", " (hosts hostB, hostC)", or "" when unknown."""
+    if not hosts:
+        return ""
+    return f" (host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)})"
