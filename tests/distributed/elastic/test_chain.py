@@ -278,7 +278,10 @@ def test_a_rank_admitted_that_died_before_it_entered_is_lost_at_once(monkeypatch
 def test_a_rank_admitted_that_never_enters_is_lost_after_enter_s(monkeypatch):
     """Rank 3 admitted but neither there nor seen dead (as on another host): the others wait
     ENTER_S, then recover from epoch 2 as above."""
+    from tensorplay.distributed.elastic import mesh as elastic_mesh
+
     monkeypatch.setattr(_elastic, "ENTER_S", 0.5)
+    monkeypatch.setattr(elastic_mesh, "WAIT_S", 0.5)  # rank 3 never comes to the recovery
     out = ThreadRanks(4).run(_grow_without_rank_3, BACK)
     assert [o[:2] for o in out[:3]] == [(3, (1, 2))] * 3, out
 
@@ -288,8 +291,11 @@ def test_a_rank_that_entered_but_died_as_the_groups_are_made_costs_enter_s_not_t
     """Rank 3 arrives at epoch 2 (its mark posted), then is gone before it makes its groups:
     the others' group making gives up after ENTER_S (not the world's timeout, set far longer
     here) and they recover from epoch 2 as above."""
+    from tensorplay.distributed.elastic import mesh as elastic_mesh
+
     timeout_s = timing.guard(60)
     monkeypatch.setattr(_elastic, "ENTER_S", 1.0)
+    monkeypatch.setattr(elastic_mesh, "WAIT_S", 0.5)  # rank 3, alive, never comes to recover
 
     def rank_main(world):
         if world.rank != 3:

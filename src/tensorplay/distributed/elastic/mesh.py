@@ -219,9 +219,10 @@ def sync_replicas(mesh: DeviceMesh, tensors: Sequence[Any]) -> None:
         mesh._session.synced(plan.epoch, time.monotonic() - started)
 
 
-def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float = WAIT_S,
+def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float | None = None,
             timeout_s: float | None = None) -> ElasticMesh:
-    """The mesh without the slices that held a lost rank (see the module docstring)."""
+    """The mesh without the slices that held a lost rank (see the module docstring); a rank
+    neither seen dead nor come to the recovery is lost after ``wait_s`` (WAIT_S)."""
     plan, world, spec = mesh._plan, mesh._world, mesh._spec
     if spec.coordinate_of(world.rank) is None:
         raise NotAMemberError(
@@ -240,7 +241,8 @@ def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float = WAIT_S,
     limit = world.timeout.total_seconds() if timeout_s is None else timeout_s
     try:
         lost = agree_lost(board, plan.epoch, world.rank, members, suspects,
-                          wait_s=wait_s, timeout_s=limit, dead=lambda: _seen_dead(world))
+                          wait_s=WAIT_S if wait_s is None else wait_s, timeout_s=limit,
+                          dead=lambda: _seen_dead(world))
         names = spec.names
         shrunk = shrink(spec.shape, members, plan.dim, lost, minimum=plan.minimum,
                         dim_name=names[plan.dim] if names else None,
