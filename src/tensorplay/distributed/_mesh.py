@@ -230,7 +230,7 @@ class DeviceMesh:
         Asked by torch's own code (torch's ``fully_shard`` handed our mesh reads only public
         members, this among them), it raises NotATorchMeshError: our group is no torch group,
         and torch's first collective would otherwise refuse it far from the mistake. One
-        frame lookup, ~0.1 us."""
+        frame lookup: ~0.2 us a call on this 2-core machine."""
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if caller.startswith("torch."):
             raise _not_torch("mesh.get_group()", f"asked it for a group ({caller})",

@@ -141,14 +141,15 @@ class World:
         point) and bind its collectives."""
         ranks, backend = group.rank_seq, group.backend
         what = desc if not desc.startswith("mesh_") else f"mesh dim {desc[5:]!r}"
-        epoch = self.spmd.epoch
+        bound: dict[str, Any] = {}
+        if within is not None:  # given up at the bound, or once pointless (_severed_words)
+            epoch, members = self.spmd.epoch, group.ranks
+            bound = {"within_s": within.total_seconds(),
+                     "stopped": lambda: self._severed_words(epoch, members)}
         engine_group = unless_told(
             lambda: f"creating the group [{format_ranks(ranks.tolist())}] ({what})", self,
             backend, lambda: self.engine.new_group(group.name, ranks, backend,
-                                                   within or self.timeout, desc),
-            within_s=None if within is None else within.total_seconds(),
-            stopped=None if within is None else lambda: self._severed_words(epoch,
-                                                                             ranks.tolist()))
+                                                   within or self.timeout, desc), **bound)
         if within is not None and isinstance(self.engine, Severable):
             self.engine.set_timeout(engine_group, self.timeout)
         self._registry.created += 1
@@ -265,7 +266,7 @@ class World:
                 with suppress(Exception):
                     engine.sever(engine_group)
 
-    def _severed_words(self, epoch: int, ranks: list[int]) -> tuple[str, list[int]] | None:
+    def _severed_words(self, epoch: int, ranks: Sequence[int]) -> tuple[str, list[int]] | None:
         """Why a group of ``epoch`` still being made within a bound is given up, or None: a
         recovery of that epoch began (``sever_epoch``), or one of its ``ranks`` died on this
         host; with the ranks that names."""

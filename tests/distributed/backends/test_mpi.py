@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import importlib.util
 import json
 import os
@@ -68,13 +69,13 @@ def one_job():
     RESULTS.mkdir(parents=True, exist_ok=True)
     with open(RESULTS / "one_job.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        before = set(Path("/").glob(HYDRA_FILES[1:]))
+        before = set(glob.glob(HYDRA_FILES))
         try:
             yield
         finally:
-            for left in set(Path("/").glob(HYDRA_FILES[1:])) - before:
+            for left in set(glob.glob(HYDRA_FILES)) - before:
                 with contextlib.suppress(OSError):
-                    left.unlink()
+                    os.unlink(left)
 
 
 def mpiexec(n: int, *args: str, timeout: float = 60, flags: tuple[str, ...] = (),
