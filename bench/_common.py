@@ -115,13 +115,13 @@ def on_sigterm(signum: int, frame: object) -> None:
 
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid``, zombies included (they still need reaping), children before
-    grandchildren; read through tensorplay.distributed._procfs (imported here, not at the top:
+    grandchildren; read through tensorplay.distributed.host.procfs (imported here, not at the top:
     a benchmark's timed processes import this module and must not load the package early)."""
-    from tensorplay.distributed import _procfs
+    from tensorplay.distributed.host import procfs
 
     found, todo = [], [pid]
     while todo:
-        kids = _procfs.children(todo.pop(0))
+        kids = procfs.children(todo.pop(0))
         found += kids
         todo += kids
     return found
@@ -129,9 +129,9 @@ def descendants(pid: int) -> list[int]:
 
 def live(pids: Iterable[int]) -> list[int]:
     """Those of ``pids`` that are live processes (zombies are not)."""
-    from tensorplay.distributed import _procfs
+    from tensorplay.distributed.host import procfs
 
-    return [pid for pid in pids if _procfs.alive(pid)]
+    return [pid for pid in pids if procfs.alive(pid)]
 
 
 def send(pids: Iterable[int], sig: int) -> None:
@@ -146,11 +146,11 @@ def reap_orphans(skip: Iterable[int] = (), within_s: float = 10.0) -> None:
     but ``skip`` (its own Popens, which their owners wait on), until none is left or
     ``within_s`` has passed. The children are read again each round: a process killed with
     its parent is adopted only once that parent is gone."""
-    from tensorplay.distributed import _procfs
+    from tensorplay.distributed.host import procfs
 
     skip, deadline = set(skip), time.monotonic() + within_s
     while time.monotonic() < deadline:
-        pending = [pid for pid in _procfs.children(os.getpid()) if pid not in skip]
+        pending = [pid for pid in procfs.children(os.getpid()) if pid not in skip]
         if not pending:
             return
         for pid in pending:

@@ -66,7 +66,7 @@ from _common import (
 )
 from _results import add_out, recorded
 
-from tensorplay.distributed import _procfs
+from tensorplay.distributed.host import procfs
 from tests import netns
 
 FAULTS = {"rank-killed": "rank killed", "link-cut": "link cut", "host-frozen": "host frozen",
@@ -190,7 +190,7 @@ def _poll(launchers: list[Launcher]) -> None:
 
 def _rank_pids(la: Launcher) -> list[int]:
     """The rank processes below a launcher: python processes running the job script."""
-    argvs = {pid: _procfs.cmdline(pid) for pid in descendants(la.proc.pid)}
+    argvs = {pid: procfs.cmdline(pid) for pid in descendants(la.proc.pid)}
     return [pid for pid, argv in argvs.items()
             if JOB in argv and "python" in os.path.basename((argv or [""])[0])]
 

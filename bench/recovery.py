@@ -105,7 +105,7 @@ from _common import (
 )
 from _results import add_out, recorded
 
-from tensorplay.distributed import _procfs
+from tensorplay.distributed.host import procfs
 
 NPROC = 8
 KILL_RANK = 5
@@ -167,7 +167,7 @@ class RankStarts:
         for pid in live(descendants(os.getpid())):
             if pid in self.seen:
                 continue
-            fields, env = _procfs.stat_fields(pid), _procfs.environ(pid)
+            fields, env = procfs.stat_fields(pid), procfs.environ(pid)
             if fields is None:
                 continue  # gone meanwhile
             try:

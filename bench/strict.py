@@ -3,7 +3,7 @@
     python bench/strict.py            # ~1 min on 2 cores
 
 Strict mode all-gathers an 8-byte fingerprint of every collective on its group before the call
-runs (tensorplay/distributed/_strict.py). Each of the 2 ranks runs two worlds in turn on the
+runs (tensorplay/distributed/control/strict.py). Each of the 2 ranks runs two worlds in turn on the
 same ports' neighbours: an unchecked one and a strict one, and times calls of 4 B, 1 MiB and 16
 MiB in both, interleaved round by round so load that drifts cancels in the paired ratio. The
 direct torch.distributed call on the same engine group is timed alongside as the anchor.

@@ -247,7 +247,7 @@ class ThreadEngine:
     name = "threads"
 
     def __init__(self, timeout_s: float):
-        from tensorplay.distributed._engine import Capabilities
+        from tensorplay.distributed.backends.protocol import Capabilities
 
         self.capabilities = Capabilities(simulated=False, has_store=True, can_abort=False)
         self._exchange = _Exchange()
@@ -307,15 +307,16 @@ class ThreadRanks:
         self.host_pids = host_pids
         self.strict = strict
         self._worlds: dict[int, Any] = {}
-        from tensorplay.distributed import _env, _keys
+        from tensorplay.distributed.control import keys as _keys
+        from tensorplay.distributed.host import env
 
         # every rank on this host, as init_process_group's host exchange would have posted
-        self.store.connection().set(_keys.HOSTS, "\n".join([_env.hostname()] * n))
+        self.store.connection().set(_keys.HOSTS, "\n".join([env.hostname()] * n))
 
     def world(self, rank: int) -> Any:
         """Rank ``rank``'s World, made on first use: the one place a rank's world is built."""
         if rank not in self._worlds:
-            from tensorplay.distributed.world import World
+            from tensorplay.distributed.job.world import World
 
             self._worlds[rank] = World(
                 rank, self.n, "gloo", timedelta(seconds=self.timeout_s), self.engine,

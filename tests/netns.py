@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorplay.distributed import _procfs
+from tensorplay.distributed.host import procfs
 
 SUBNET = "198.18.0"
 # a host starts with no network settings but those a test gives it
@@ -119,7 +119,7 @@ class Hosts:
     def close(self) -> None:
         """Kill what was started and what it started (by pid), then delete the namespaces."""
         pids = [p.pid for p in self.procs]
-        for pid in pids + [d for p in pids for d in _procfs.descendants(p)]:
+        for pid in pids + [d for p in pids for d in procfs.descendants(p)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         for proc in self.procs:

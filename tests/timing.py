@@ -17,7 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 
-from tensorplay.distributed import _procfs
+from tensorplay.distributed.host import procfs
 
 QUIET_WORKLOAD_S = 0.0095  # the workload's best time on one quiet core of the reference machine
 # (2 cores: 0.0095-0.0098 s best of 15, beside a test run at load average 1.5)
@@ -73,9 +73,9 @@ def _working_periods(proc: subprocess.Popen | None, seconds: float, busy_cpu_s: 
     On a busy machine the work of a launch (a warm process's torch import, then each rank's)
     can outlast any fixed guard while it goes on; a hang uses next to no CPU."""
     for _ in range(periods):
-        used = 0.0 if proc is None else _procfs.tree_cpu_seconds(proc.pid)
+        used = 0.0 if proc is None else procfs.tree_cpu_seconds(proc.pid)
         yield guard(seconds)
-        if proc is None or _procfs.tree_cpu_seconds(proc.pid) - used < busy_cpu_s:
+        if proc is None or procfs.tree_cpu_seconds(proc.pid) - used < busy_cpu_s:
             return
 
 

@@ -1,5 +1,6 @@
 """The map and the seams hold: docs/architecture.md lists exactly the modules on disk, store keys
-are built in ``_keys`` only, and only the control plane's store module reads a world's store."""
+are built in ``control/keys.py`` (the ranks') and ``launcher/keys.py`` (the launchers') only,
+and only the control plane's store module reads a world's store."""
 
 from __future__ import annotations
 
@@ -7,14 +8,19 @@ import ast
 import re
 from pathlib import Path
 
-from tensorplay.distributed import _keys
+from tensorplay.distributed.control import keys
+from tensorplay.distributed.launcher import keys as launcher_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "tensorplay" / "distributed"
 # where a store is met: the world that holds it, the control plane over it, the engines that
 # make it and the launcher that serves its own
-STORE_READERS = {"world.py", "_control_store.py"}
+STORE_READERS = {"job/world.py", "job/lifecycle.py", "control/store.py"}
+# World is written by its own methods only
+WORLD_WRITERS = {"job/world.py"}
 STORE_FOLDERS = ("backends/", "launcher/")
+# the two modules that name store keys: the ranks' and the launchers'
+KEY_MODULES = {"control/keys.py", "launcher/keys.py"}
 
 
 def _modules() -> list[str]:
@@ -37,8 +43,9 @@ def test_the_architecture_table_lists_exactly_the_modules_on_disk():
 
 
 def _key_prefixes() -> set[str]:
-    """The first path part of every key template in _keys: 'check/', 'tensorplay-run/', ..."""
-    templates = [v for k, v in vars(_keys).items() if k.isupper() and isinstance(v, str)]
+    """The first path part of every key template in keys: 'check/', 'tensorplay-run/', ..."""
+    templates = [v for module in (keys, launcher_keys) for k, v in vars(module).items()
+                 if k.isupper() and isinstance(v, str)]
     return {t.split("/", 1)[0] + "/" for t in templates if "/" in t}
 
 
@@ -63,7 +70,7 @@ def _strings(tree: ast.AST) -> list[tuple[int, str]]:
 def test_store_keys_are_built_in_keys_only():
     prefixes = _key_prefixes()
     assert {"check/", "elastic/", "recover/", "exchange/", "tensorplay-run/"} <= prefixes
-    built = [f"{name}:{line}: {text!r}" for name in _modules() if name != "_keys.py"
+    built = [f"{name}:{line}: {text!r}" for name in _modules() if name not in KEY_MODULES
              for line, text in _strings(ast.parse((PACKAGE / name).read_text()))
              if text.startswith(tuple(prefixes))]
     assert not built, built
@@ -103,7 +110,7 @@ def _writes_to_a_world(tree: ast.AST) -> list[int]:
 
 
 def test_no_module_writes_the_worlds_fields_but_world():
-    writers = {name: lines for name in _modules() if name != "world.py"
+    writers = {name: lines for name in _modules() if name not in WORLD_WRITERS
                if (lines := _writes_to_a_world(ast.parse((PACKAGE / name).read_text())))}
     assert not writers, writers
 

@@ -27,7 +27,6 @@ import pytest
 import torch
 
 import tensorplay.distributed as dist
-from tensorplay.distributed import world as world_module
 from tensorplay.distributed.device_mesh import DeviceMesh, init_device_mesh
 from tensorplay.distributed.errors import (
     AlreadyInitializedError,
@@ -40,6 +39,7 @@ from tensorplay.distributed.errors import (
     NotInitializedError,
     UnknownDimError,
 )
+from tensorplay.distributed.job import lifecycle as world_module
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "bad_inputs.md"
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import tensorplay.distributed as dist
-from tensorplay.distributed import world as world_module
 from tensorplay.distributed.device_mesh import DeviceMesh, init_device_mesh
+from tensorplay.distributed.job import lifecycle as world_module
 
 
 def _line(array: np.ndarray, rank: int, dim: int) -> list[int]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorplay.distributed import _procfs
+from tensorplay.distributed.host import procfs
 from tests import spawn, timing
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -100,7 +100,7 @@ def mismatch_job(rank: int, tmp: str, timeout_s: float) -> dict:
     import torch
 
     import tensorplay.distributed as dist
-    from tensorplay.distributed import _consensus
+    from tensorplay.distributed.control import consensus
     from tensorplay.distributed.device_mesh import init_device_mesh
 
     _join(rank, tmp, timeout_s)
@@ -121,7 +121,7 @@ def mismatch_job(rank: int, tmp: str, timeout_s: float) -> dict:
 
     out["good"] = _attempt(good)
     if rank == 3:  # (e): rank 3 now dies inside the next mesh's cross-rank check
-        _consensus._digest = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+        consensus._digest = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
     out["killed"] = _attempt(lambda: init_device_mesh("cpu", (4, 1)))
     return _stay_until_all_said(tmp, rank, N, 3, out)
 
@@ -193,7 +193,7 @@ def test_a_rank_killed_in_the_check_is_named_by_the_survivors(mismatch):
 def killed_in_check_job(rank: int, tmp: str, victim: int, hosts: list[str],
                         timeout_s: float) -> dict:
     """Ranks live on the named (simulated) hosts; ``victim`` SIGKILLs itself in the check."""
-    from tensorplay.distributed import _consensus
+    from tensorplay.distributed.control import consensus
     from tensorplay.distributed.device_mesh import init_device_mesh
 
     os.environ["TENSORPLAY_HOSTNAME"] = hosts[rank]
@@ -201,7 +201,7 @@ def killed_in_check_job(rank: int, tmp: str, victim: int, hosts: list[str],
     _mark(tmp, "joined", rank)  # rank 0 must not die while the others are still joining
     assert _wait_for(tmp, "joined", range(len(hosts)))
     if rank == victim:
-        _consensus._digest = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+        consensus._digest = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
     return _stay_until_all_said(tmp, rank, len(hosts), victim,
                                 _attempt(lambda: init_device_mesh("cpu", (len(hosts),))))
 
@@ -247,7 +247,7 @@ LAUNCHED = """\
 import os, signal, sys, time
 from pathlib import Path
 import tensorplay.distributed as dist
-from tensorplay.distributed import _consensus
+from tensorplay.distributed.control import consensus
 from tensorplay.distributed.device_mesh import init_device_mesh
 HERE = Path(__file__).resolve().parent
 RANK, N = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -256,7 +256,7 @@ while not all((HERE / f"pid_{r}").exists() for r in range(N)):  # every rank imp
     time.sleep(0.02)
 dist.init_process_group("gloo", timeout=float(sys.argv[1]))
 if RANK == 3:
-    _consensus._digest = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    consensus._digest = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 try:
     init_device_mesh("cpu", (2, 2))
 except Exception as err:
@@ -279,7 +279,7 @@ def test_launcher_stops_the_job_when_a_rank_is_killed(tmp_path):
     assert "rank 3 failed first (killed by signal SIGKILL)" in proc.stderr, proc.stderr[-2000:]
     assert "stopped ranks 0-2" in proc.stderr
     deadline = time.monotonic() + timing.bound(0, 5)
-    while any(_procfs.alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(procfs.alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert [p for p in pids if _procfs.alive(p)] == []  # no process left behind
+    assert [p for p in pids if procfs.alive(p)] == []  # no process left behind
     assert elapsed < timing.bound(0, 60), timing.describe()

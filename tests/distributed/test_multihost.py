@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorplay.distributed import _procfs
+from tensorplay.distributed.host import procfs
 from tensorplay.distributed.launcher.rank_main import RANK_COMM
 from tests import netns, spawn, timing
 
@@ -174,8 +174,8 @@ def test_a_frozen_host_has_its_ranks_killed_as_hung_and_both_launchers_stop(tmp_
     netns.require()
 
     def freeze_host_b() -> None:
-        ranks_b = [pid for pid in _procfs.descendants(hosts.procs[1].pid)
-                   if _procfs.comm(pid) == RANK_COMM]
+        ranks_b = [pid for pid in procfs.descendants(hosts.procs[1].pid)
+                   if procfs.comm(pid) == RANK_COMM]
         assert len(ranks_b) == 2, ranks_b
         for pid in ranks_b:
             os.kill(pid, signal.SIGSTOP)
@@ -196,7 +196,7 @@ def test_the_host_serving_the_store_killed_stops_the_other_host_quickly(tmp_path
 
     def kill_host_a() -> None:
         launcher_a = hosts.procs[0].pid
-        for pid in [launcher_a, *_procfs.descendants(launcher_a)]:
+        for pid in [launcher_a, *procfs.descendants(launcher_a)]:
             os.kill(pid, signal.SIGKILL)
 
     with netns.Hosts(2) as hosts:

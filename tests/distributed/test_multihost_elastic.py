@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorplay.distributed import _procfs
+from tensorplay.distributed.host import procfs
 from tests import netns, spawn, timing
 
 pytestmark = pytest.mark.slow
@@ -61,7 +61,7 @@ def _logs(tmp: Path) -> str:
 def _kill_whole(pid: int) -> None:
     """SIGKILL a launcher and everything below it (its ranks, its warm process): a host
     lost whole, as a kernel panic leaves it (pids this test started, found through /proc)."""
-    for p in [pid, *_procfs.descendants(pid)]:
+    for p in [pid, *procfs.descendants(pid)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
 
@@ -168,7 +168,7 @@ def test_a_frozen_host_is_declared_lost_after_the_grace_and_the_other_trains_on(
         for node in (0, 1):
             hosts.start(node + 1, _argv(hosts, node, script), logs[f"host{'AB'[node]}"], env=env)
         _await_line(logs["hostA"], r"^\[rank 0\] step 3/8", hosts, timing.guard(240))
-        frozen = [hosts.procs[1].pid, *_procfs.descendants(hosts.procs[1].pid)]
+        frozen = [hosts.procs[1].pid, *procfs.descendants(hosts.procs[1].pid)]
         for pid in frozen:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)

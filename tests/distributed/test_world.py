@@ -140,10 +140,10 @@ def test_a_new_world_after_destroy_listens_again_and_checks_afresh():
 
 
 def miscounted_job(rank: int) -> str:
-    from tensorplay.distributed import _keys
+    from tensorplay.distributed.control import keys
 
     if rank == 1:
-        _keys.next_world()  # as if rank 1 alone had started a world before
+        keys.next_world()  # as if rank 1 alone had started a world before
     try:
         dist.init_process_group("gloo", timeout=3)
     except dist.DistributedTimeoutError as err:
@@ -165,7 +165,7 @@ def test_a_client_waits_for_rank_0_to_listen_then_returns():
     import socket
     import threading
 
-    from tensorplay.distributed import _netif
+    from tensorplay.distributed.host import netif
 
     port = spawn.free_port()
     listening = threading.Event()
@@ -178,20 +178,20 @@ def test_a_client_waits_for_rank_0_to_listen_then_returns():
         server.close()
 
     threading.Thread(target=listen_later, daemon=True).start()
-    _netif.await_listener("127.0.0.1", port, time.monotonic() + 20)
+    netif.await_listener("127.0.0.1", port, time.monotonic() + 20)
     assert listening.is_set()
 
 
 def test_with_nobody_listening_the_probe_gives_up_at_its_deadline():
-    from tensorplay.distributed import _netif
+    from tensorplay.distributed.host import netif
 
     start = time.monotonic()
-    _netif.await_listener("127.0.0.1", spawn.free_port(), start + 0.5)
+    netif.await_listener("127.0.0.1", spawn.free_port(), start + 0.5)
     assert 0.5 <= time.monotonic() - start < timing.bound(0.5, 9.5)
 
 
 def test_a_new_epoch_makes_fresh_groups_and_keys(fake_world):
-    from tensorplay.distributed import _keys
+    from tensorplay.distributed.control import keys
     from tensorplay.distributed.device_mesh import init_device_mesh
     from tensorplay.distributed.world import current_world
 
@@ -199,14 +199,14 @@ def test_a_new_epoch_makes_fresh_groups_and_keys(fake_world):
     world = current_world("test")
     old = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
     assert old.get_group("dp").name.startswith("fake-e0-")
-    assert world.spmd.key(_keys.CHECK_OUTCOME, n=1) == "e0/check/1/outcome"
+    assert world.spmd.key(keys.CHECK_OUTCOME, n=1) == "e0/check/1/outcome"
     assert world.open_epoch() == 1
     new = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
     assert new == old  # the same value ...
     assert new.get_group("dp") is not old.get_group("dp")  # ... on fresh groups
     assert new.get_group("dp").name.startswith("fake-e1-")
     assert new.get_group("dp").ranks == [1, 5]
-    assert world.spmd.key(_keys.CHECK_OUTCOME, n=1) == "e1/check/1/outcome"
+    assert world.spmd.key(keys.CHECK_OUTCOME, n=1) == "e1/check/1/outcome"
     assert world.spmd.counts() == {}  # counters restart in the new epoch
     # the whole world flattened in the new epoch: a group of its own, not the old world group
     # (kept retired, so that its use says so)
@@ -270,7 +270,7 @@ def test_the_interface_chosen_for_a_world_is_dropped_with_it(monkeypatch):
 
 def _ep(world):
     """Rank 0-3's 'ep' group of a world of 6, registered to be made at its first use."""
-    from tensorplay.distributed._mesh_spec import Ranks
+    from tensorplay.distributed.geometry.spec import Ranks
 
     return world.group(Ranks.of(range(4)), kind="'ep'", make=False, use="'ep' of (ep,)")
 
@@ -339,7 +339,7 @@ def _bounded_creation(world, within_s: float, meanwhile=None):
     import threading
     from datetime import timedelta
 
-    from tensorplay.distributed._mesh_spec import Ranks
+    from tensorplay.distributed.geometry.spec import Ranks
 
     out: list = []
     start = time.monotonic()
@@ -360,9 +360,9 @@ def _bounded_creation(world, within_s: float, meanwhile=None):
 
 def test_a_bounded_group_creation_that_the_engine_never_ends_times_out_at_its_bound(
         monkeypatch):
-    from tensorplay.distributed import _failures
+    from tensorplay.distributed.job import failures
 
-    monkeypatch.setattr(_failures, "_bound", lambda within_s: within_s)  # no grace for the
+    monkeypatch.setattr(failures, "_bound", lambda within_s: within_s)  # no grace for the
     world, released = _stuck_creation()  # engine's own error: this engine never raises one
     try:
         err, elapsed = _bounded_creation(world, 0.3)
@@ -402,13 +402,13 @@ def test_a_rank_outside_the_current_members_leaves_without_comparing_counts(
     """After an elastic mesh shrank to ranks 0-3, spare rank 5's destroy_process_group posts
     no counts (nobody compares them, and under env:// the store may have gone with rank 0);
     member rank 1 still compares."""
-    from tensorplay.distributed import _accounting
+    from tensorplay.distributed.control import accounting
     from tensorplay.distributed.world import current_world
 
     fake_world(rank, 8)
     current_world("test").open_epoch(1, present=[0, 1, 2, 3])
     calls: list[int] = []
-    monkeypatch.setattr(_accounting, "check_at_end", lambda world: calls.append(world.rank))
+    monkeypatch.setattr(accounting, "check_at_end", lambda world: calls.append(world.rank))
     dist.destroy_process_group()
     assert calls == ([rank] if compared else [])
     assert not dist.is_initialized()

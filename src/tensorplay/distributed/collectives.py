@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _arrays, _keys
-from ._failures import unless_told
+from .backends import arrays
+from .control import keys
 from .errors import bad_argument, check_int
+from .job.failures import unless_told
+from .job.lifecycle import current_world, resolve_group
 from .process_group import ProcessGroup, ReduceOp, Work
-from .world import current_world, resolve_group
 
 
 def _rank_arg(name: str, rank: object, group: ProcessGroup) -> int:
@@ -114,7 +115,7 @@ def gather(tensor: Any, gather_list: list | None = None, dst: int = 0,
     dst = _rank_arg("dst", dst, pg)
     ops = pg.usable("gather()")
     if pg.group_rank(dst) == pg.rank():
-        _arrays.check_count("gather_list", gather_list, pg.size())
+        arrays.check_count("gather_list", gather_list, pg.size())
     elif gather_list:
         raise bad_argument("gather_list", "<list>", f"is only used on dst={dst}",
                            "pass gather_list=None on the other ranks")
@@ -131,7 +132,7 @@ def scatter(tensor: Any, scatter_list: list | None = None, src: int = 0,
     src = _rank_arg("src", src, pg)
     ops = pg.usable("scatter()")
     if pg.group_rank(src) == pg.rank():
-        _arrays.check_count("scatter_list", scatter_list, pg.size())
+        arrays.check_count("scatter_list", scatter_list, pg.size())
     else:
         scatter_list = None
     pg.calls += 1
@@ -166,7 +167,7 @@ def barrier(group: ProcessGroup | None = None, async_op: bool = False) -> Work |
     pg.calls += 1
     if async_op:
         return ops.barrier(True)
-    n = world.spmd.next(_keys.BARRIER_COUNT.format(group=pg.name))
+    n = world.spmd.next(keys.BARRIER_COUNT.format(group=pg.name))
     step = f"barrier() #{n} on {pg.label}"
     with world.control.arrivals(step, pg.name, pg.ranks, n):
         return unless_told(step, world, pg.backend, lambda: ops.barrier(False))

@@ -1,6 +1,6 @@
 """tensorplay.distributed.device_mesh: the execution context of an SPMD program.
 
-A ``DeviceMesh`` (``_mesh.py``) is an n-d array of global ranks with one process group per
+A ``DeviceMesh`` (``mesh/value.py``) is an n-d array of global ranks with one process group per
 dimension: on a (2, 4) mesh named ("dp", "tp"), rank 5 is at (1, 1); its "tp" group is
 [4, 5, 6, 7] and its "dp" group is [1, 5]. ``init_device_mesh`` builds one over the whole
 world; with ``elastic=`` it hands over to the elastic layer (``elastic/``), in one branch.
@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from . import _mesh_args as args
-from ._consensus import agree
-from ._mesh import DeviceMesh, _default, _laid_out, _make_groups, eagerness
-from ._roles import dim_roles
+from .control.consensus import agree
 from .elastic import mesh as elastic_mesh
 from .elastic.mesh import sync_replicas
 from .errors import bad_argument
-from .world import current_or_adopted_world
+from .geometry.roles import dim_roles
+from .job.lifecycle import current_or_adopted_world
+from .mesh import args
+from .mesh.value import DeviceMesh, _default, _laid_out, _make_groups, eagerness
 
 __all__ = ["DeviceMesh", "init_device_mesh", "sync_replicas"]
 

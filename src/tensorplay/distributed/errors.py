@@ -203,6 +203,14 @@ class MembersFinished(SystemExit):
         return self.message
 
 
+# the advice after a lost rank, where no layer recovers from losses (the engines say it too)
+FIX_FAILED = (
+    "Fix: find the first rank that failed in the launcher's output (a crash, an out-of-memory "
+    "kill, a signal) and fix that; then restart the whole job (a world with a dead rank "
+    "cannot be repaired)."
+)
+
+
 def rank_words(ranks: Iterable[int]) -> str:
     """'rank 3' for one rank, 'ranks 0-2, 5' for several."""
     ordered = sorted(set(ranks))

@@ -26,11 +26,11 @@ import math
 import sys
 from collections.abc import Sequence
 
-from . import _mesh_args
-from ._describe import describe
-from ._mesh_spec import MeshSpec
-from ._plot import FORMATS, plot
-from ._topology import (
+from .errors import DistributedError, format_ranks
+from .geometry.describe import describe
+from .geometry.plot import FORMATS, plot
+from .geometry.spec import MeshSpec
+from .geometry.topology import (
     CROSSING_LIMIT,
     Hosts,
     advice,
@@ -40,7 +40,7 @@ from ._topology import (
     hosts_simulated,
     slices_per_host,
 )
-from .errors import DistributedError, format_ranks
+from .mesh import args as _mesh_args
 
 PROG = "tensorplay-plan"
 """The name in usage and errors when run as the console script (the default)."""

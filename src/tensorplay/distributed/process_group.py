@@ -20,7 +20,6 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._mesh_spec import Ranks
 from .errors import (
     ArgumentError,
     NotAMemberError,
@@ -28,9 +27,10 @@ from .errors import (
     StaleEpochError,
     format_ranks,
 )
+from .geometry.spec import Ranks
 
 if TYPE_CHECKING:
-    from ._engine import GroupOps
+    from .backends.protocol import GroupOps
 
 
 class ReduceOp(enum.Enum):

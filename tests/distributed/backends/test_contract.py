@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from tensorplay.distributed import _engine, backends
-from tensorplay.distributed._mesh_spec import Ranks
+from tensorplay.distributed import backends
+from tensorplay.distributed.backends import protocol as _engine
+from tensorplay.distributed.geometry.spec import Ranks
 
 BACKENDS_DIR = Path(backends.__file__).resolve().parent
 CAPABILITIES = (_engine.NativeMeshes, _engine.Severable, _engine.GathersText)
@@ -215,7 +216,7 @@ class _StandIn:
 def stand_in_world():
     """A 1-rank world on ``_StandIn``, made as init_process_group makes one."""
     import tensorplay.distributed as dist
-    from tensorplay.distributed import world as world_module
+    from tensorplay.distributed.job import lifecycle as world_module
 
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -256,7 +257,7 @@ def test_an_engine_that_cannot_sever_gets_no_elastic_mesh_and_its_epochs_only_re
     import torch.distributed as tdist
 
     import tensorplay.distributed as dist
-    from tensorplay.distributed._control_store import StoreControl
+    from tensorplay.distributed.control.store import StoreControl
     from tensorplay.distributed.device_mesh import init_device_mesh
 
     solo = stand_in_world.control  # give the world a Board, as a store would: only the engine

@@ -67,7 +67,7 @@ def test_a_severed_group_refuses_every_later_call_at_once(gloo1):
     import numpy as np
 
     from tensorplay.distributed import ReduceOp
-    from tensorplay.distributed import world as _world
+    from tensorplay.distributed.job import lifecycle as _world
 
     world = _world.current_world("test")
     engine = world.engine

@@ -17,10 +17,10 @@ import torch.distributed as tdist
 from torch.distributed import distributed_c10d as c10d
 
 import tensorplay.distributed as dist
-from tensorplay.distributed import world as world_module
 from tensorplay.distributed.backends import torch_mesh
 from tensorplay.distributed.device_mesh import DeviceMesh, init_device_mesh
 from tensorplay.distributed.errors import ArgumentError, ArgumentTypeError, BackendError
+from tensorplay.distributed.job import lifecycle as world_module
 
 # name -> how every rank builds the mesh (dim names no other test file uses)
 MESHES = {

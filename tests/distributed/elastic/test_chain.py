@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 import tensorplay.distributed as dist
-from tensorplay.distributed import _env, _keys
-from tensorplay.distributed._control_store import StoreBoard
+from tensorplay.distributed.control import keys
+from tensorplay.distributed.control.store import StoreBoard
 from tensorplay.distributed.elastic import chain as _elastic
 from tensorplay.distributed.elastic.chain import Elastic
 from tensorplay.distributed.elastic.mesh import enter
@@ -27,6 +27,7 @@ from tensorplay.distributed.errors import (
     StaleEpochError,
     UnknownDimError,
 )
+from tensorplay.distributed.host import env
 from tests import timing
 from tests.fakes import MemoryStore, ThreadRanks
 
@@ -62,7 +63,7 @@ def test_the_first_record_of_what_follows_an_epoch_stands():
     assert _elastic.next_of(store, 1, shrink) == shrink
     assert _elastic.next_of(store, 1, {"epoch": 2, "shape": [2, 4]}) == shrink
     _elastic.end(store, 1, "too late")  # an end after a record changes nothing
-    assert json.loads(store.peek([_keys.ELASTIC_NEXT.format(epoch=1)])[0]) == shrink
+    assert json.loads(store.peek([keys.ELASTIC_NEXT.format(epoch=1)])[0]) == shrink
 
 
 def test_a_recovery_s_detect_time_is_the_first_ranks_for_a_rank_without_its_own():
@@ -73,7 +74,7 @@ def test_a_recovery_s_detect_time_is_the_first_ranks_for_a_rank_without_its_own(
     assert _elastic.recovering(store, 1, 4, 0.04) == 0.04
     assert _elastic.recovering(store, 1, 0, None) == 0.04
     assert _elastic.recovering(store, 1, 5, 0.5) == 0.04  # the caller keeps its own 0.5
-    assert store.peek([_keys.ELASTIC_RECOVERING.format(epoch=1)]) == ["4 detect=0.040000"]
+    assert store.peek([keys.ELASTIC_RECOVERING.format(epoch=1)]) == ["4 detect=0.040000"]
     assert _elastic.recovering(store, 2, 0, None) is None  # nobody measured one
 
 
@@ -87,7 +88,7 @@ def test_a_waiting_rank_follows_the_chain_to_the_record_that_admits_it():
               "admitted": {"5": "2 new"}}
     _elastic.next_of(store, 2, admits)
     assert _elastic.await_admission(store, 5, "2 new", 0, timeout_s=1) == admits
-    assert store.peek([_keys.ELASTIC_WANT.format(rank=5)]) == ["2 new"]
+    assert store.peek([keys.ELASTIC_WANT.format(rank=5)]) == ["2 new"]
 
 
 def test_a_waiting_rank_learns_that_the_job_ended_or_finished():
@@ -124,7 +125,7 @@ def test_a_token_of_a_process_gone_from_this_host_is_not_admitted():
     it (the new epoch's groups would wait for a dead process), until a live one replaces it."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    here = _env.hostname()
+    here = env.hostname()
     store = StoreBoard(MemoryStore())
     for spare in (4, 6, 7):
         _elastic.want(store, spare, f"{os.getpid()} {here}")
@@ -162,7 +163,7 @@ def test_members_polling_at_once_all_read_the_one_answer_and_the_waiting_ranks_a
     assert grown["shape"] == [2, 4] and grown["fresh"] == [4, 5, 6, 7], grown
     assert out[4:] == [grown] * 4
     for earlier in range(1, n):  # the polls before found a slice still incomplete
-        key = _keys.ELASTIC_POLL.format(epoch=PLAN.epoch, n=earlier)
+        key = keys.ELASTIC_POLL.format(epoch=PLAN.epoch, n=earlier)
         assert json.loads(ranks.store.get(key)) == {}
 
 
@@ -196,14 +197,14 @@ def test_a_mesh_made_without_elastic_cannot_recover(fake8):
 
 
 def test_elastic_true_picks_the_one_replicate_dim():
-    from tensorplay.distributed import _mesh_args
+    from tensorplay.distributed.mesh import args
 
     roles = ("pipeline", "replicate", "tensor")
-    assert _mesh_args.elastic(True, 1, ("pp", "dp", "tp"), (2, 2, 2), roles) == (1, 1)
-    assert _mesh_args.elastic(False, 1, ("pp", "dp", "tp"), (2, 2, 2), roles) is None
+    assert args.elastic(True, 1, ("pp", "dp", "tp"), (2, 2, 2), roles) == (1, 1)
+    assert args.elastic(False, 1, ("pp", "dp", "tp"), (2, 2, 2), roles) is None
     with pytest.raises(ArgumentError, match="elastic=True: picks the one 'replicate' dim, but "
                        "no dim has that role"):
-        _mesh_args.elastic(True, 1, ("pp", "dp", "tp"), (2, 2, 2), None)
+        args.elastic(True, 1, ("pp", "dp", "tp"), (2, 2, 2), None)
 
 
 @pytest.mark.slow  # four worlds on threads, three epochs: about 1 s on a busy machine
@@ -265,7 +266,7 @@ def test_a_rank_admitted_that_died_before_it_entered_is_lost_at_once(monkeypatch
     monkeypatch.setattr(_elastic, "ENTER_S", bound_s)
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
-    back = {**BACK, "admitted": {"3": f"{child.pid} {_env.hostname()}"}}
+    back = {**BACK, "admitted": {"3": f"{child.pid} {env.hostname()}"}}
     began = time.monotonic()
     out = ThreadRanks(4).run(_grow_without_rank_3, back)
     assert time.monotonic() - began < bound_s

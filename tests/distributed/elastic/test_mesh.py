@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorplay.distributed import _procfs
+from tensorplay.distributed.host import procfs
 from tests import timing
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -123,8 +123,8 @@ def _stop_hung(job: subprocess.Popen) -> tuple[str, str]:
     """SIGABRT each rank (its stacks go to stderr), then stop the launcher; its output. The
     ranks are the launcher's descendants without children of their own: a warm start's ranks
     are the warm process's children, which die with it, so it is not signalled."""
-    below = _procfs.descendants(job.pid)
-    ranks = [pid for pid in below if not _procfs.children(pid)]
+    below = procfs.descendants(job.pid)
+    ranks = [pid for pid in below if not procfs.children(pid)]
     for pid in ranks:
         _signal(pid, signal.SIGABRT)
     time.sleep(2)
@@ -132,7 +132,7 @@ def _stop_hung(job: subprocess.Popen) -> tuple[str, str]:
     try:
         return job.communicate(timeout=20)
     except subprocess.TimeoutExpired:
-        for pid in [job.pid, *below, *_procfs.children(job.pid)]:
+        for pid in [job.pid, *below, *procfs.children(job.pid)]:
             _signal(pid, signal.SIGKILL)
         return job.communicate()
 
@@ -320,8 +320,8 @@ def test_the_documented_loop_survives_a_loss_and_its_spare_ends_when_the_members
         for line in job.stdout:
             lines.append(line)
             if not killed and line.startswith("[rank 0] step 3 on (2, 2)"):
-                ranks = {_procfs.environ(pid).get("RANK"): pid
-                         for pid in _procfs.children(job.pid)}
+                ranks = {procfs.environ(pid).get("RANK"): pid
+                         for pid in procfs.children(job.pid)}
                 os.kill(ranks["3"], signal.SIGKILL)
                 killed = True
             if time.monotonic() > deadline:

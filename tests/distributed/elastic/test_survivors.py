@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tensorplay.distributed import _keys
+from tensorplay.distributed.control import keys
 from tensorplay.distributed.elastic import survivors as _survivors
 from tensorplay.distributed.errors import ShrinkError, StaleEpochError
 from tests import timing
@@ -35,7 +35,7 @@ def _attempt(name: str, suspects=lambda rank: (), late=(), dead=lambda rank: (),
 
     def body(world):
         if world.rank in late:
-            world.store.get(_keys.RECOVER_VERDICT.format(epoch=epoch))  # waits for it
+            world.store.get(keys.RECOVER_VERDICT.format(epoch=epoch))  # waits for it
         start = time.monotonic()
         try:
             got = _survivors.agree_lost(world.control, epoch, world.rank, MEMBERS,

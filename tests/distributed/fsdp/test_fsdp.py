@@ -16,8 +16,6 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh as TorchMesh
 
 import tensorplay.distributed as dist
-from tensorplay.distributed import world as world_module
-from tensorplay.distributed._roles import AbstractMesh
 from tensorplay.distributed.device_mesh import init_device_mesh
 from tensorplay.distributed.errors import (
     ArgumentError,
@@ -26,6 +24,8 @@ from tensorplay.distributed.errors import (
     UnknownDimError,
 )
 from tensorplay.distributed.fsdp import FSDPModule, data_parallel_dims, fully_shard
+from tensorplay.distributed.geometry.roles import AbstractMesh
+from tensorplay.distributed.job import lifecycle as world_module
 from tests import spawn, timing
 
 ROLES3 = {"dp_replicate": "replicate", "dp_shard": "shard", "tp": "tensor"}

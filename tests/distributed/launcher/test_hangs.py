@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorplay.distributed import _procfs
+from tensorplay.distributed.host import procfs
 from tensorplay.distributed.launcher import hangs as _hangs
 from tests import spawn, timing
 
@@ -21,10 +21,10 @@ LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
 def test_a_stopped_process_is_seen_stopped_and_a_running_one_is_not():
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        assert not _procfs.stopped(proc.pid)
+        assert not procfs.stopped(proc.pid)
         os.kill(proc.pid, signal.SIGSTOP)
         deadline = time.monotonic() + 5
-        while not _procfs.stopped(proc.pid):
+        while not procfs.stopped(proc.pid):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         watch = _hangs.HangWatch(stopped_s=2.0, hang_s=None)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorplay.distributed._procfs import alive
+from tensorplay.distributed.host.procfs import alive
 from tensorplay.distributed.launcher.main import main
 from tensorplay.distributed.launcher.spec import parse_args
 from tests import timing

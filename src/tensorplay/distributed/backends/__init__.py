@@ -19,11 +19,11 @@ import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .. import _env
 from ..errors import BackendError
+from ..host import env as _env
 
 if TYPE_CHECKING:
-    from .._engine import Engine, Running
+    from .protocol import Engine, Running
 
 # backend -> (engine name, module under backends/)
 _REGISTRY: dict[str, tuple[str, str]] = {

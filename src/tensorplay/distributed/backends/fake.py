@@ -11,9 +11,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from .. import _arrays
-from .._engine import Capabilities, Engine, FailureKind, Started
 from ..process_group import Work
+from . import arrays
+from .protocol import Capabilities, Engine, FailureKind, Started
 
 
 class FakeGroupOps:
@@ -27,54 +27,54 @@ class FakeGroupOps:
         return Work() if async_op else None
 
     def all_reduce(self, tensor: Any, op: Any, async_op: bool) -> Work | None:
-        _arrays.kind("tensor", tensor)
+        arrays.kind("tensor", tensor)
         return self._done(async_op)
 
     def broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
-        _arrays.kind("tensor", tensor)
+        arrays.kind("tensor", tensor)
         return self._done(async_op)
 
     def reduce(self, tensor: Any, dst: int, op: Any, async_op: bool) -> Work | None:
-        _arrays.kind("tensor", tensor)
+        arrays.kind("tensor", tensor)
         return self._done(async_op)
 
     def all_gather(self, tensor_list: Any, tensor: Any, async_op: bool) -> Work | None:
-        _arrays.kind("tensor", tensor)
-        _arrays.check_count("tensor_list", tensor_list, self._size)
+        arrays.kind("tensor", tensor)
+        arrays.check_count("tensor_list", tensor_list, self._size)
         return self._done(async_op)
 
     def all_gather_into_tensor(self, output: Any, input: Any, async_op: bool) -> Work | None:
-        _arrays.kind("output_tensor", output)
-        _arrays.kind("input_tensor", input)
-        _arrays.check_numel("output_tensor", output, _arrays.numel(input) * self._size)
+        arrays.kind("output_tensor", output)
+        arrays.kind("input_tensor", input)
+        arrays.check_numel("output_tensor", output, arrays.numel(input) * self._size)
         return self._done(async_op)
 
     def reduce_scatter_tensor(self, output: Any, input: Any, op: Any,
                               async_op: bool) -> Work | None:
-        _arrays.kind("output", output)
-        _arrays.kind("input", input)
-        _arrays.check_numel("input", input, _arrays.numel(output) * self._size)
+        arrays.kind("output", output)
+        arrays.kind("input", input)
+        arrays.check_numel("input", input, arrays.numel(output) * self._size)
         return self._done(async_op)
 
     def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any,
                           input_split_sizes: Any, async_op: bool) -> Work | None:
-        _arrays.kind("output", output)
-        _arrays.kind("input", input)
+        arrays.kind("output", output)
+        arrays.kind("input", input)
         return self._done(async_op)
 
     def gather(self, tensor: Any, gather_list: Any, dst: int, async_op: bool) -> Work | None:
-        _arrays.kind("tensor", tensor)
+        arrays.kind("tensor", tensor)
         return self._done(async_op)
 
     def scatter(self, tensor: Any, scatter_list: Any, src: int, async_op: bool) -> Work | None:
-        _arrays.kind("tensor", tensor)
+        arrays.kind("tensor", tensor)
         return self._done(async_op)
 
     def send(self, tensor: Any, dst: int) -> None:
-        _arrays.kind("tensor", tensor)
+        arrays.kind("tensor", tensor)
 
     def recv(self, tensor: Any, src: int) -> None:
-        _arrays.kind("tensor", tensor)
+        arrays.kind("tensor", tensor)
 
     def barrier(self, async_op: bool) -> Work | None:
         return self._done(async_op)

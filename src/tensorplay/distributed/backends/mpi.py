@@ -60,10 +60,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .. import _env, _procfs
-from .._engine import Capabilities, Engine, FailureKind, GathersText, Running, Started
-from .._failures import FIX_FAILED
 from ..errors import (
+    FIX_FAILED,
     BackendError,
     CallMismatchError,
     DistributedError,
@@ -74,7 +72,9 @@ from ..errors import (
     format_ranks,
     rank_words,
 )
+from ..host import env, procfs
 from . import torch_engine_installed
+from .protocol import Capabilities, Engine, FailureKind, GathersText, Running, Started
 
 LOOK_S = 0.05  # how often the watchdog reads control messages and looks at the call in progress
 EXIT_GRACE_S = 1.0  # at exit, how long a rank waits for the others before saying it left
@@ -129,7 +129,7 @@ class MpiEngine:
     capabilities = Capabilities(simulated=False, has_store=False, can_abort=False)
 
     def __init__(self) -> None:
-        self.timeout_s = _env.DEFAULT_TIMEOUT_S
+        self.timeout_s = env.DEFAULT_TIMEOUT_S
         self._control: Any = None  # this process's control communicator, once joined
         self._made: list[Any] = []  # the communicators of the current world (world first)
         self._left: set[int] = set()  # ranks that said they left (read by the watchdog)
@@ -169,7 +169,7 @@ class MpiEngine:
         if not MPI.Is_initialized() or MPI.Is_finalized():
             return None
         size = MPI.COMM_WORLD.Get_size()
-        launch = _env.detect()
+        launch = env.detect()
         if launch is not None and launch.world_size != size:
             return None
         return Running("mpi", MPI.COMM_WORLD.Get_rank(), size)
@@ -198,7 +198,7 @@ class MpiEngine:
         prints each rank's pid (mpiexec names a failed rank by pid only). Not under Open MPI:
         its ULFM mode (``--with-ft ulfm``) keeps the survivors going, and their calls fail
         naming the lost ranks."""
-        launch = _env.detect()
+        launch = env.detect()
         if launch is None or launch.source != "mpich":  # the same on every rank
             return
         me = MPI.COMM_WORLD.Get_rank()
@@ -229,7 +229,7 @@ class MpiEngine:
                 if fd in ready:
                     return rank, pid
         for rank, (pid, w) in self._mates.items():
-            if isinstance(w, str) and (not _procfs.alive(pid) or _start_time(pid) != w):
+            if isinstance(w, str) and (not procfs.alive(pid) or _start_time(pid) != w):
                 return rank, pid
         return None
 
@@ -569,11 +569,11 @@ def _host_key() -> str:
         namespace = os.readlink("/proc/self/ns/pid")
     except OSError:
         namespace = ""
-    return f"{_env.hostname()}/{namespace}"
+    return f"{env.hostname()}/{namespace}"
 
 
 def _start_time(pid: int) -> str | None:
-    fields = _procfs.stat_fields(pid)
+    fields = procfs.stat_fields(pid)
     return fields[19] if fields is not None and len(fields) > 19 else None
 
 
@@ -584,7 +584,7 @@ def _watch_handle(pid: int) -> int | str | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):  # no pidfds (macOS, Linux < 5.3), or the pid is gone
         start = _start_time(pid)
-        return start if start is not None and _procfs.alive(pid) else None
+        return start if start is not None and procfs.alive(pid) else None
 
 
 def _poll(request: Any, step: str, timeout_s: float) -> None:
@@ -610,7 +610,7 @@ def _abort(why: str) -> None:
 
 def _size_error(me: int, size: int, rank: int, world_size: int) -> DistributedError:
     """Why MPI's world is not the one the launcher's variables (or the arguments) describe."""
-    launch = _env.detect()
+    launch = env.detect()
     said = f"the launcher ({launch.source})" if launch is not None else "the arguments"
     if size == 1 and world_size > 1:
         line = f"mpiexec -n {world_size} python {_script_words()}"

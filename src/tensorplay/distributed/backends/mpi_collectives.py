@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
-from .. import _arrays
-from .._failures import FIX_FAILED
-from ..errors import RankFailedError, bad_argument, bad_type, rank_words
+from ..errors import FIX_FAILED, RankFailedError, bad_argument, bad_type, rank_words
 from ..process_group import ReduceOp, Work
+from . import arrays
 
 if TYPE_CHECKING:
     from .mpi import MpiEngine
@@ -61,7 +60,7 @@ class _Buffer:
 
     def __init__(self, value: Any, name: str, reduce: bool):
         self._back: Callable[[], None] | None = None
-        if _arrays.kind(name, value) == "numpy":
+        if arrays.kind(name, value) == "numpy":
             held = value if value.flags.c_contiguous else np.ascontiguousarray(value)
             if held is not value:
                 self._back = lambda: value.__setitem__(Ellipsis, held)
@@ -169,7 +168,7 @@ class MpiGroupOps:
 
     def _outs(self, values: Any, name: str, like: np.ndarray) -> list[_Buffer]:
         """One buffer per member, each of ``like``'s dtype and size."""
-        _arrays.check_count(name, values, self._size)
+        arrays.check_count(name, values, self._size)
         outs = [_Buffer(v, f"{name}[{i}]", False) for i, v in enumerate(values)]
         for i, out in enumerate(outs):
             if out.array.dtype != like.dtype or out.array.size != like.size:
@@ -243,7 +242,7 @@ class MpiGroupOps:
     def all_gather_into_tensor(self, output: Any, input: Any, async_op: bool) -> Work | None:
         out = _Buffer(output, "output_tensor", False)
         inp = _Buffer(input, "input_tensor", False).array
-        _arrays.check_numel("output_tensor", out.array, inp.size * self._size)
+        arrays.check_numel("output_tensor", out.array, inp.size * self._size)
         _same_dtype("output_tensor", out.array, inp)
         return self._run("all_gather_into_tensor()", async_op, "Allgather", (inp, out.array),
                          out.finish)
@@ -252,7 +251,7 @@ class MpiGroupOps:
                               async_op: bool) -> Work | None:
         out = _Buffer(output, "output", True)
         inp = _Buffer(input, "input", True).array
-        _arrays.check_numel("input", inp, out.array.size * self._size)
+        arrays.check_numel("input", inp, out.array.size * self._size)
         _same_dtype("output", out.array, inp)
         mpi_op = _op(op, inp)
         array, size = out.array, self._size

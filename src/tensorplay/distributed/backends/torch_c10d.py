@@ -36,8 +36,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from .. import _arrivals, _env, _keys, _netif
-from .._engine import (
+from ..control import arrivals, keys
+from ..errors import (
+    BackendError,
+    DistributedError,
+    DistributedTimeoutError,
+    LaunchEnvError,
+    bad_argument,
+)
+from ..host import env, netif, wire
+from . import torch_store
+from .protocol import (
     Capabilities,
     Engine,
     FailureKind,
@@ -47,14 +56,6 @@ from .._engine import (
     Started,
     Store,
 )
-from ..errors import (
-    BackendError,
-    DistributedError,
-    DistributedTimeoutError,
-    LaunchEnvError,
-    bad_argument,
-)
-from . import torch_store
 
 if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import GroupName
@@ -66,7 +67,7 @@ log = logging.getLogger("tensorplay.distributed")
 
 def _joined_mark() -> str:
     """What a rank posts as it joins: its pid and host, which the host exchange reads."""
-    return f"{os.getpid()} {_env.hostname()}"
+    return f"{os.getpid()} {env.hostname()}"
 
 
 def make_tcp_store(
@@ -80,23 +81,23 @@ def make_tcp_store(
     gets its own prefix and reads none of an older world's keys (every rank counts alike,
     SPMD). A client waits for rank 0 to open its world there, so it never joins an old one.
     """
-    prefix = _keys.world_prefix(_keys.next_world())
-    attempt = _env.agent_store_attempt()
+    prefix = keys.world_prefix(keys.next_world())
+    attempt = env.agent_store_attempt()
     if attempt is not None:
-        _netif.await_listener(host, port, time.monotonic() + timeout.total_seconds())
+        netif.await_listener(host, port, time.monotonic() + timeout.total_seconds())
         client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
-        return dist.PrefixStore(_keys.ATTEMPT_PREFIX.format(attempt=attempt) + prefix, client)
+        return dist.PrefixStore(keys.ATTEMPT_PREFIX.format(attempt=attempt) + prefix, client)
     if rank != 0:
         return _join_opened_world(host, port, world_size, timeout, prefix)
     store = dist.PrefixStore(prefix, _serve(host, port, world_size, timeout))
-    store.set(_keys.OPENED, "1")
+    store.set(keys.OPENED, "1")
     return store
 
 
 def _serve(host: str, port: int, world_size: int, timeout: timedelta) -> dist.Store:
     """Rank 0's TCPStore server, bound to ``host`` alone."""
     try:
-        listener = _netif.listen(host, port, world_size)
+        listener = netif.listen(host, port, world_size)
     except OSError as err:
         raise BackendError(
             f"rank 0 cannot listen on {host}:{port} for the rendezvous store: {err}. Fix: set "
@@ -116,7 +117,7 @@ def _join_opened_world(
     deadline = time.monotonic() + timeout.total_seconds()
     answered = False
     while True:
-        _netif.await_listener(host, port, deadline)  # the client says what went wrong
+        netif.await_listener(host, port, deadline)  # the client says what went wrong
         left = timedelta(seconds=max(deadline - time.monotonic(), 0.001))
         try:
             client = dist.TCPStore(host, port, world_size, False, timeout=left)
@@ -127,7 +128,7 @@ def _join_opened_world(
         answered = True
         store = dist.PrefixStore(prefix, client)
         try:
-            store.wait([_keys.OPENED], left)
+            store.wait([keys.OPENED], left)
             return store
         except dist.DistNetworkError:  # that server closed: rank 0 may be starting a new one
             if time.monotonic() < deadline:
@@ -137,7 +138,7 @@ def _join_opened_world(
         break
     raise dist.DistStoreError(
         f"it answered but never opened world {prefix!r}, this process's world number "
-        f"{_keys.worlds_started()}; every rank must call init_process_group the same number "
+        f"{keys.worlds_started()}; every rank must call init_process_group the same number "
         f"of times"
     )
 
@@ -170,7 +171,7 @@ def start(
             raise _rendezvous_error(step, err, began, timeout, [0], "Rank 0 serves the "
                                     "store there: it has not started, has exited, or listens "
                                     "on another address or port.") from err
-        store.set(_keys.joined(rank), _joined_mark())
+        store.set(keys.joined(rank), _joined_mark())
         _pick_interface(master[0])
         try:
             with _alone_if_restarted():
@@ -183,7 +184,7 @@ def start(
     elif init_method.startswith("env://"):  # one rank given no address: nobody to meet
         store = dist.HashStore()
         store.set_timeout(timeout)
-        store.set(_keys.joined(rank), _joined_mark())
+        store.set(keys.joined(rank), _joined_mark())
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timeout)
     else:
@@ -195,7 +196,7 @@ def start(
             timeout=timeout,
         )
         store = c10d._get_default_store()
-        store.set(_keys.joined(rank), _joined_mark())
+        store.set(keys.joined(rank), _joined_mark())
     ENGINE.group_store = c10d._get_default_store()
     return Started(dist.group.WORLD, _ours(store))
 
@@ -212,7 +213,7 @@ def _alone_if_restarted():
     without meeting the other ranks (gloo connects a pair on its first use, and this group is
     never used), since they are far past their own start. Its mesh groups, made later by
     their members, connect at once as usual."""
-    if _env.rank_restart_count() == 0 or os.environ.get(_GLOO_LAZY) is not None:
+    if wire.rank_restart_count() == 0 or os.environ.get(_GLOO_LAZY) is not None:
         yield
         return
     os.environ[_GLOO_LAZY] = "1"
@@ -237,14 +238,14 @@ def _pick_interface(master_host: str) -> None:
     GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME always wins, but a loopback one in a job whose
     MASTER_ADDR is another host's fails now, naming this host, not after a timeout.
     """
-    route = _netif.route_to(master_host)
+    route = netif.route_to(master_host)
     users = {v: os.environ[v] for v in _IFNAME_VARS
              if os.environ.get(v) and os.environ[v] != _picked.get(v)}
     chosen = users.get("GLOO_SOCKET_IFNAME")
-    if (chosen and route is not None and not _netif.is_local(master_host)
-            and _netif.interface_addresses().get(chosen, "").startswith("127.")):
+    if (chosen and route is not None and not netif.is_local(master_host)
+            and netif.interface_addresses().get(chosen, "").startswith("127.")):
         raise BackendError(
-            f"host {_env.hostname()}: GLOO_SOCKET_IFNAME={chosen} makes gloo advertise a "
+            f"host {env.hostname()}: GLOO_SOCKET_IFNAME={chosen} makes gloo advertise a "
             f"loopback address, which ranks on other hosts cannot reach (MASTER_ADDR "
             f"{master_host} is another host's, reached through {route.interface}, "
             f"{route.address}). Fix: unset GLOO_SOCKET_IFNAME, or set "
@@ -255,7 +256,7 @@ def _pick_interface(master_host: str) -> None:
     for var in _IFNAME_VARS:
         _picked[var] = os.environ[var] = route.interface
     log.info("gloo advertises %s (interface %s), the address this host %s reaches "
-             "MASTER_ADDR %s from", route.address, route.interface, _env.hostname(), master_host)
+             "MASTER_ADDR %s from", route.address, route.interface, env.hostname(), master_host)
 
 
 def _rendezvous_error(step: str, err: BaseException, began: float, timeout: timedelta,
@@ -288,7 +289,7 @@ def absent(store: Any, ranks: Iterable[int]) -> list[int] | None:
     """Those of ``ranks`` that never posted their join mark; None if the store is gone."""
     ranks = list(ranks)
     try:
-        return [ranks[i] for i in _arrivals.unset(store, [_keys.joined(r) for r in ranks])]
+        return [ranks[i] for i in arrivals.unset(store, [keys.joined(r) for r in ranks])]
     except (RuntimeError, dist.DistError):  # rank 0, which serves the store, has left
         return None
 
@@ -439,7 +440,7 @@ class TorchEngine:
             self._cuda_device = torch.cuda.current_device()
             log.info("cuda mesh: keeping the current device cuda:%d", self._cuda_device)
             return
-        local = _env.local_rank_from_env()
+        local = env.local_rank_from_env()
         if local is None:
             raise LaunchEnvError(
                 "init_device_mesh('cuda'): no current CUDA device and LOCAL_RANK is not set, "
@@ -462,9 +463,9 @@ class TorchEngine:
 
     def adopt(self, timeout: timedelta) -> Started:
         """torch.distributed's world group, and its store under a fresh key prefix."""
-        store = dist.PrefixStore(_keys.world_prefix(_keys.next_world()),
+        store = dist.PrefixStore(keys.world_prefix(keys.next_world()),
                                  c10d._get_default_store())
-        store.set(_keys.joined(dist.get_rank()), _joined_mark())
+        store.set(keys.joined(dist.get_rank()), _joined_mark())
         self.group_store = store  # our groups' keys stay under our prefix, apart from its own
         return Started(dist.group.WORLD, _ours(store))
 

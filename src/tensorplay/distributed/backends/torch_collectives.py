@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from .. import _arrays
 from ..errors import DistributedError, bad_argument, bad_type
 from ..process_group import ReduceOp, Work
+from . import arrays
 
 _TORCH_OPS = {
     ReduceOp.SUM: dist.ReduceOp.SUM,
@@ -71,7 +71,7 @@ class _Buffer:
             self.tensor = value if value.is_contiguous() else value.contiguous()
             self.copy_back = self.tensor is not value
         else:
-            _arrays.kind(name, value)  # a numpy array, or the error saying what it should be
+            arrays.kind(name, value)  # a numpy array, or the error saying what it should be
             if value.flags.c_contiguous:
                 self.tensor = torch.from_numpy(value)
             else:
@@ -152,7 +152,7 @@ class _Guarded:
             # engine's words
 
 
-# every call of GroupOps (tensorplay.distributed._engine): what refuse() stops
+# every call of GroupOps (tensorplay.distributed.backends.protocol): what refuse() stops
 _CALLS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
           "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter", "send", "recv",
           "barrier")
@@ -197,7 +197,7 @@ class TorchGroupOps:
         return _Buffer(value, name, self._backend)
 
     def _buffers(self, values: Any, name: str) -> list[_Buffer]:
-        _arrays.check_count(name, values, self._size)
+        arrays.check_count(name, values, self._size)
         return [self._buffer(v, f"{name}[{i}]") for i, v in enumerate(values)]
 
     def _wait(self, work: Any) -> None:
@@ -281,7 +281,7 @@ class TorchGroupOps:
     def all_gather_into_tensor(self, output: Any, input: Any, async_op: bool) -> Work | None:
         out = self._buffer(output, "output_tensor")
         inp = self._buffer(input, "input_tensor")
-        _arrays.check_numel("output_tensor", out.tensor, inp.tensor.numel() * self._size)
+        arrays.check_numel("output_tensor", out.tensor, inp.tensor.numel() * self._size)
         return self._run("all_gather_into_tensor()", async_op, [out], lambda g, a: _GATHER_INTO(
             out.tensor.view(-1), inp.tensor.view(-1), group=g, async_op=a))
 
@@ -289,7 +289,7 @@ class TorchGroupOps:
                               async_op: bool) -> Work | None:
         out = self._buffer(output, "output")
         inp = self._buffer(input, "input")
-        _arrays.check_numel("input", inp.tensor, out.tensor.numel() * self._size)
+        arrays.check_numel("input", inp.tensor, out.tensor.numel() * self._size)
         torch_op = _op(op, inp.tensor)
         return self._run("reduce_scatter_tensor()", async_op, [out], lambda g, a: _SCATTER_FROM(
             out.tensor.view(-1), inp.tensor.view(-1), op=torch_op, group=g, async_op=a))

@@ -36,8 +36,8 @@ import inspect
 import torch
 from torch.distributed import DeviceMesh as TorchMesh
 
-from .._engine import MeshView, NativeMesh
 from ..errors import BackendError
+from .protocol import MeshView, NativeMesh
 
 
 def to_native(view: MeshView, root: TorchMesh | None) -> TorchMesh:

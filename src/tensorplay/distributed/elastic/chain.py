@@ -44,14 +44,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import _env, _keys, _losses, _procfs
-from .._control import Board
-from .._engine import Severable
+from ..backends.protocol import Severable
+from ..control import keys
+from ..control.plane import Board
 from ..errors import DistributedTimeoutError, ShrinkError
-from .shrink import grow
+from ..geometry.shrink import grow
+from ..host import env, procfs, wire
 
 if TYPE_CHECKING:
-    from ..world import World
+    from ..job.world import World
 
 POLL_S = 0.05  # how often a waiting rank reads the chain
 ENTER_S = 30.0  # how long after a grow decision its fresh ranks have to arrive (enter_together)
@@ -102,7 +103,7 @@ def elastic_refused(world: World) -> str | None:
 
 def next_of(board: Board, epoch: int, proposal: dict[str, Any]) -> dict[str, Any]:
     """What follows ``epoch``: ``proposal`` if it is the first written, else the first."""
-    key = _keys.ELASTIC_NEXT.format(epoch=epoch)
+    key = keys.ELASTIC_NEXT.format(epoch=epoch)
     return json.loads(board.decide(key, json.dumps(proposal)))
 
 
@@ -122,7 +123,7 @@ def finish(board: Board, epoch: int, shape: tuple[int, ...], ranks: list[int]) -
 def poll(board: Board, plan: Elastic, n: int, members: set[int]) -> dict[str, Any] | None:
     """The members' ``n``-th grow poll of this epoch: the grown mesh, or None (the same on
     every member: the first to arrive decides)."""
-    key = _keys.ELASTIC_POLL.format(epoch=plan.epoch, n=n)
+    key = keys.ELASTIC_POLL.format(epoch=plan.epoch, n=n)
     posted = board.peek([key])[0]
     if posted is None:
         posted = board.decide(key, json.dumps(_growth(board, plan, members)))
@@ -132,7 +133,7 @@ def poll(board: Board, plan: Elastic, n: int, members: set[int]) -> dict[str, An
 def _growth(board: Board, plan: Elastic, members: set[int]) -> dict[str, Any]:
     """The grown mesh if waiting ranks complete a removed slice, else {}."""
     missing = [r for r in plan.full_ranks if r not in members]
-    tokens = board.peek([_keys.ELASTIC_WANT.format(rank=r) for r in missing])
+    tokens = board.peek([keys.ELASTIC_WANT.format(rank=r) for r in missing])
     waiting = {r: t for r, t in zip(missing, tokens, strict=True)
                if t is not None and not _gone(t)}
     shape, ranks = grow(plan.full_shape, plan.full_ranks, plan.dim, members | set(waiting))
@@ -149,14 +150,14 @@ def _gone(token: str) -> bool:
     launchers (``_losses``: "977 hostB 1.1" once node 1's first launcher is lost). Any other
     process on another host is taken as alive (its launcher's heartbeat judges it)."""
     pid, host = (token.split() + ["", ""])[:2]
-    if host == _env.hostname():
-        return pid.isdigit() and not _procfs.alive(int(pid))
-    return _losses.gone(token)
+    if host == env.hostname():
+        return pid.isdigit() and not procfs.alive(int(pid))
+    return wire.gone(token)
 
 
 def want(board: Board, rank: int, token: str) -> None:
     """Say that ``rank`` (this process, ``token``) waits to join the mesh."""
-    board.post(_keys.ELASTIC_WANT.format(rank=rank), token)
+    board.post(keys.ELASTIC_WANT.format(rank=rank), token)
 
 
 def await_admission(board: Board, rank: int, token: str, epoch: int,
@@ -170,7 +171,7 @@ def await_admission(board: Board, rank: int, token: str, epoch: int,
     want(board, rank, token)
     began = time.monotonic()
     while True:
-        posted = board.peek([_keys.ELASTIC_NEXT.format(epoch=epoch)])[0]
+        posted = board.peek([keys.ELASTIC_NEXT.format(epoch=epoch)])[0]
         if posted is not None:
             decision = json.loads(posted)
             if "end" in decision:
@@ -201,10 +202,10 @@ def enter_together(board: Board, decision: dict[str, Any], rank: int,
     before it reads the decision: ranks 1-7 see its pid gone and get [0]; a rank that arrived
     a moment before the decision was written gets [0] too, not []."""
     epoch, fresh = decision["epoch"], list(decision.get("fresh", ()))
-    verdict = _keys.ELASTIC_ENTERED_VERDICT.format(epoch=epoch)
-    marks = [_keys.ELASTIC_ENTERED.format(epoch=epoch, rank=r) for r in fresh]
+    verdict = keys.ELASTIC_ENTERED_VERDICT.format(epoch=epoch)
+    marks = [keys.ELASTIC_ENTERED.format(epoch=epoch, rank=r) for r in fresh]
     if rank in fresh:
-        board.post(_keys.ELASTIC_ENTERED.format(epoch=epoch, rank=rank), "1")
+        board.post(keys.ELASTIC_ENTERED.format(epoch=epoch, rank=rank), "1")
     began = time.monotonic()
     while True:
         said = board.peek([verdict])[0]
@@ -225,7 +226,7 @@ def recovering(board: Board, epoch: int, rank: int, detect_s: float | None) -> f
     figure, for a rank whose own call failed only because the watcher broke it (no figure of
     its own). Worked example: rank 5 killed; rank 4's all_reduce fails after 0.04 s and says
     "4 detect=0.040000"; rank 0's next call is refused at once: its record reads 0.04 s too."""
-    said = board.decide(_keys.ELASTIC_RECOVERING.format(epoch=epoch),
+    said = board.decide(keys.ELASTIC_RECOVERING.format(epoch=epoch),
                         f"{rank}" + ("" if detect_s is None else f" detect={detect_s:.6f}"))
     found = re.search(r"\bdetect=([\d.]+)", said)
     return float(found.group(1)) if found else None

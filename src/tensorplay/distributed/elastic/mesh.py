@@ -34,12 +34,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from .. import _env, _losses
-from .._consensus import agree
-from .._failures import dead_on_this_host
-from .._mesh import DeviceMesh, _laid_out, _make_groups, _not_elastic
-from .._mesh_spec import MeshSpec
-from .._roles import Roles
+from ..control.consensus import agree
 from ..errors import (
     ArgumentError,
     DistributedTimeoutError,
@@ -52,12 +47,18 @@ from ..errors import (
     format_ranks,
     rank_words,
 )
-from ..world import World, leave_unheard
+from ..geometry.roles import Roles
+from ..geometry.shrink import shrink
+from ..geometry.spec import MeshSpec
+from ..host import env, wire
+from ..host.wire import Recovery
+from ..job.failures import dead_on_this_host
+from ..job.lifecycle import leave_unheard
+from ..job.world import World
+from ..mesh.value import DeviceMesh, _laid_out, _make_groups, _not_elastic
 from . import chain
 from .chain import Elastic
-from .recovery import Recovery
 from .session import Session, session_of
-from .shrink import shrink
 from .survivors import agree_lost
 
 WAIT_S = 5.0  # a rank not seen dead that never comes to the recovery is lost after this
@@ -159,7 +160,7 @@ def init(world: World, device: str, shape: tuple[int, ...], names: tuple[str, ..
     if refused is not None:
         raise bad_argument("elastic", given, refused,
                            "use backend 'gloo' or 'nccl' for an elastic mesh")
-    joining = _env.rank_restart_count() > 0
+    joining = wire.rank_restart_count() > 0
     if not joining:
         agree(world, "init_device_mesh()", {
             "device_type": device, "mesh_shape": shape, "mesh_dim_names": names,
@@ -262,7 +263,7 @@ def _seen_dead(world: World) -> list[int]:
     """The ranks this rank knows are gone: their process ended on this host, or the launcher
     declared their node lost (and no newer launcher of it runs them, ``_losses``)."""
     return ([r for r, _ in dead_on_this_host(world, 0.0)]
-            + _losses.lost_ranks(world.admitted_from))
+            + wire.lost_ranks(world.admitted_from))
 
 
 def _let_go(err: BaseException | None) -> None:
@@ -307,7 +308,7 @@ def token() -> str:
     """How a waiting process names itself: "<pid> <host>", and under a multi-node
     tensorplay-run its launcher's "<node>.<claim>" ("977 hostB 1.2"): members learn its pid
     from it, and whether its node was lost."""
-    return f"{os.getpid()} {_env.hostname()} {_losses.instance()}".strip()
+    return f"{os.getpid()} {env.hostname()} {wire.instance()}".strip()
 
 
 def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, Any], *,

@@ -22,12 +22,13 @@ import time
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
-from .. import _env, _keys, _losses
+from ..control import keys
+from ..host import env, wire
+from ..host.wire import Recovery
 from .chain import board_of, finish
-from .recovery import Recovery
 
 if TYPE_CHECKING:
-    from ..world import World
+    from ..job.world import World
 
 WATCH_S = 0.2  # how often each rank looks for a recovery begun elsewhere (per 1,000 ranks)
 FIX_ELASTIC = (
@@ -54,8 +55,8 @@ class Session:
         self.shape = tuple(decision["shape"])
         for rank, who in decision.get("admitted", {}).items():
             pid, host = who.split()[:2]
-            self._world.note_admitted(int(rank), int(pid), host == _env.hostname(),
-                                      _losses.instance_of(who))
+            self._world.note_admitted(int(rank), int(pid), host == env.hostname(),
+                                      wire.instance_of(who))
 
     def record(self, recovery: Recovery, first: bool) -> None:
         """Keep what an epoch change cost; the first rank of the new mesh (``first``) also
@@ -63,7 +64,7 @@ class Session:
         self.recoveries.append(recovery)
         self._tells = first
         if first:
-            _env.tell_launcher("recovery", record=recovery.to_json())
+            wire.tell_launcher("recovery", record=recovery.to_json())
 
     def recovery_of(self, epoch: int) -> Recovery | None:
         """The record of the change that opened ``epoch`` (None at epoch 0)."""
@@ -76,7 +77,7 @@ class Session:
             return
         recovery.sync_s = (recovery.sync_s or 0.0) + seconds
         if self._tells:
-            _env.tell_launcher("recovery", record=recovery.to_json())
+            wire.tell_launcher("recovery", record=recovery.to_json())
 
     def finish(self) -> None:
         """At destroy_process_group(), on a member: ranks still waiting to join get the last
@@ -96,11 +97,11 @@ class Session:
             while world.alive:
                 epoch = world.spmd.epoch
                 with suppress(Exception):  # the store gone: the main thread will say so
-                    loss = _losses.naming(world.members(), world.admitted_from)
+                    loss = wire.naming(world.members(), world.admitted_from)
                     if loss is not None:  # a node lost: whoever is blocked with it is freed
-                        board.decide(_keys.ELASTIC_RECOVERING.format(epoch=epoch),
+                        board.decide(keys.ELASTIC_RECOVERING.format(epoch=epoch),
                                      f"{world.rank} {loss['text']}")
-                    if board.peek([_keys.ELASTIC_RECOVERING.format(epoch=epoch)])[0]:
+                    if board.peek([keys.ELASTIC_RECOVERING.format(epoch=epoch)])[0]:
                         world.sever_epoch(epoch)
                         while world.alive and world.spmd.epoch == epoch:
                             time.sleep(every)

@@ -29,11 +29,11 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from .. import _keys
+from ..control import keys
 from ..errors import ShrinkError, StaleEpochError, format_ranks
 
 if TYPE_CHECKING:
-    from .._control import Board
+    from ..control.plane import Board
 
 POLL_S = 0.05
 SUSPECT_GRACE_S = 3.0  # a suspected rank (not seen dead) that is alive has this long to say so
@@ -54,12 +54,12 @@ def agree_lost(board: Board, epoch: int, rank: int, members: Sequence[int],
     members = list(members)
     start = time.monotonic()
     mine = {"suspects": sorted(set(suspects)), "dead": sorted(set(dead()))}
-    board.post(_keys.RECOVER_HERE.format(epoch=epoch, rank=rank), json.dumps(mine))
+    board.post(keys.RECOVER_HERE.format(epoch=epoch, rank=rank), json.dumps(mine))
     posted: dict[int, dict[str, list[int]]] = {}
-    verdict_key = _keys.RECOVER_VERDICT.format(epoch=epoch)
+    verdict_key = keys.RECOVER_VERDICT.format(epoch=epoch)
     while board.peek([verdict_key])[0] is None:
         unheard = [m for m in members if m not in posted]
-        heard = board.peek([_keys.RECOVER_HERE.format(epoch=epoch, rank=m) for m in unheard])
+        heard = board.peek([keys.RECOVER_HERE.format(epoch=epoch, rank=m) for m in unheard])
         posted.update({m: json.loads(t) for m, t in zip(unheard, heard, strict=True)
                        if t is not None})
         gone = set(dead()).union(*(p["dead"] for p in posted.values()))

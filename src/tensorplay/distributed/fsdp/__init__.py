@@ -35,9 +35,9 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.fsdp import fully_shard as _torch_fully_shard
 
-from .._roles import AbstractMesh, dim_roles
 from ..device_mesh import DeviceMesh
 from ..errors import NotAMemberError, bad_argument, bad_type
+from ..geometry.roles import AbstractMesh, dim_roles
 
 __all__ = ["CPUOffloadPolicy", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy",
            "data_parallel_dims", "fully_shard"]

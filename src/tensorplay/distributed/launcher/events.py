@@ -28,7 +28,7 @@ import json
 import queue
 from dataclasses import dataclass
 
-from ..elastic.recovery import Recovery
+from ..host.wire import Recovery
 from .nodes import NodeChange, Verdict
 from .rank_ends import RankReport
 

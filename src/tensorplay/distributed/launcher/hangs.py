@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from .._procfs import stopped
+from ..host.procfs import stopped
 
 
 class HangWatch:

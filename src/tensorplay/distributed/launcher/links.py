@@ -3,7 +3,7 @@
 A heartbeat can only say that a node went quiet, after --node-grace-s. But when a launcher's
 process ends (killed, crashed), its kernel closes its sockets: node 0 reads end-of-file on
 that launcher's connection within a round trip. So node 0 listens on one more port (an
-ephemeral one on --master-addr, published in the job's store under ``_keys.NODE_LINKS``);
+ephemeral one on --master-addr, published in the job's store under ``keys.NODE_LINKS``);
 every other launcher connects after the join and says who it is (``"<node> <claim>\\n"``);
 at a clean end it says ``"bye\\n"`` first. End-of-file without a bye means the launcher is
 gone. A frozen machine or a cut link closes nothing: the heartbeat judges those.
@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from contextlib import suppress
 
-from .. import _netif
+from ..host import netif
 
 LOOK_S = 0.5  # how often node 0's link thread looks whether it should stop
 
@@ -30,7 +30,7 @@ class Links:
     """Node 0's side: accept one connection per launcher and watch them all."""
 
     def __init__(self, addr: str, gone: Callable[[int, int], None]):
-        self.sock = _netif.listen(addr, 0)
+        self.sock = netif.listen(addr, 0)
         self.port = self.sock.getsockname()[1]
         self._gone = gone
         self._stop = threading.Event()

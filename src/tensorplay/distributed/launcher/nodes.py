@@ -43,8 +43,9 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _keys, _netif
 from ..errors import format_ranks
+from ..host import netif
+from . import keys as _keys
 from . import store
 from .links import Link, Links
 from .store import LauncherStore
@@ -154,7 +155,7 @@ class Board:
     def bind(self) -> socket.socket:
         """Node 0: the socket the job's store will be served on (JoinError when it cannot)."""
         try:
-            return _netif.listen(self.addr, self.port)
+            return netif.listen(self.addr, self.port)
         except OSError as err:
             raise JoinError(
                 f"cannot serve the job's store on {self.addr}:{self.port}: {err.strerror}. "
@@ -193,7 +194,7 @@ class Board:
         deadline = time.monotonic() + self.join_timeout_s
         if self.index == 0 and self.server is None:
             self.serve()
-        problem = _netif.await_listener(self.addr, self.port, deadline)
+        problem = netif.await_listener(self.addr, self.port, deadline)
         try:
             if problem is not None:
                 raise OSError(problem)
@@ -414,7 +415,7 @@ class Board:
         def beat() -> tuple[dict[int, int], list[NodeChange], Verdict | None]:
             nonlocal client
             if client is None:
-                problem = _netif.await_listener(self.addr, self.port, time.monotonic() + CALL_S)
+                problem = netif.await_listener(self.addr, self.port, time.monotonic() + CALL_S)
                 if problem is not None:
                     raise OSError(problem)
                 client = self._connect(CALL_S)

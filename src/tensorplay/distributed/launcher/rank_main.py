@@ -126,7 +126,7 @@ def _beat(report: Reporter, every_s: float, main_ident: int | None) -> None:
 def _collectives_made() -> int:
     """How many collectives this process made in its current world (0 without one): read
     from the package if the script loaded it, never importing it."""
-    world = getattr(sys.modules.get("tensorplay.distributed.world"), "_WORLD", None)
+    world = getattr(sys.modules.get("tensorplay.distributed.job.lifecycle"), "_WORLD", None)
     try:
         return sum(g.calls for g in world.groups()) if world is not None else 0
     except Exception:  # noqa: BLE001 - a world being torn down: no count this time

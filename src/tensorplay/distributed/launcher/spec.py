@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from .. import _env, _losses
-from .._failures import VERDICT_FILE
 from ..errors import bad_argument
+from ..host import wire
+from ..host.wire import TENSORPLAY_RESTART_COUNT, VERDICT_FILE
 from . import rank_main, store
 from .options import (
     NO_WARM_ENV,
@@ -106,13 +106,13 @@ class LaunchSpec:
         if self.hang_timeout_s is not None:
             env[rank_main.BEAT_S] = "1"
         if restart:  # elastic mode: this rank joins a running job's elastic mesh
-            env[_env.TENSORPLAY_RESTART_COUNT] = str(restart)
+            env[TENSORPLAY_RESTART_COUNT] = str(restart)
         if self.verdict_file:
             env[VERDICT_FILE] = self.verdict_file
         if self.losses_file and self.elastic:
-            env[_losses.LOSSES_FILE] = self.losses_file
+            env[wire.LOSSES_FILE] = self.losses_file
         if instance:
-            env[_losses.NODE_INSTANCE] = instance
+            env[wire.NODE_INSTANCE] = instance
         return env
 
     def rank_args(self) -> list[str]:

@@ -48,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from typing import IO
 
-from .. import _procfs
+from ..host import procfs
 from . import rank_main
 
 CLOSE_S = 10.0  # how long the server may take to end once the launcher lets it go
@@ -216,7 +216,7 @@ class Warm:
             try:
                 self.proc.wait(KILLED_S)
             except subprocess.TimeoutExpired:
-                state = _procfs.state(self.proc.pid) or "?"
+                state = procfs.state(self.proc.pid) or "?"
                 left = (f"the warm process (pid {self.proc.pid}) had not ended {CLOSE_S:g} s "
                         f"after the job, nor {KILLED_S:g} s after a SIGKILL (process state "
                         f"{state}); leaving it to the system")
