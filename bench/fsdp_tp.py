@@ -63,8 +63,8 @@ def _ours():
     from torch.distributed.fsdp import fully_shard
     from train_fsdp_tp import MESH_NAMES, MESH_SHAPE, make_problem
 
-    from tensorplay.distributed import world
     from tensorplay.distributed.device_mesh import init_device_mesh
+    from tensorplay.distributed.job import lifecycle as world
     from tensorplay.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,

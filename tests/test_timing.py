@@ -54,7 +54,7 @@ def test_a_working_process_still_fails_after_the_last_period():
 
 def test_a_wait_goes_on_while_the_process_works_and_ends_once_it_is_idle():
     with child(SPIN.format(cpu=1.0) + "time.sleep(60)") as proc:
-        spun = timing.wait_until(lambda: timing._procfs.cpu_seconds(proc.pid) >= 0.9, 0.25,
+        spun = timing.wait_until(lambda: timing.procfs.cpu_seconds(proc.pid) >= 0.9, 0.25,
                                  proc, busy_cpu_s=0.02, periods=1000)
         assert spun  # it outlasted the first periods while it spun
         start = time.monotonic()
