@@ -132,7 +132,8 @@ def _warm(spec: LaunchSpec, out: Output) -> Warm | None:
     """Start the warm process the ranks are forked from, or say in one line why not."""
     if not spec.wants_warm():
         return None
-    warm, why = Warm.start(spec.rank_env(0), spec.preload)
+    title = f"{PROG} warm: {spec.script_line()}" if sys.platform.startswith("linux") else ""
+    warm, why = Warm.start(spec.rank_env(0), spec.preload, title)
     if warm is None:
         out.say(f"warm start off: {why}; starting ranks as fresh interpreters.")
     return warm
