@@ -67,6 +67,7 @@ from _common import (
 from _results import add_out, recorded
 
 from tensorplay.distributed.host import procfs
+from tensorplay.distributed.launcher.rank_main import COMM_PREFIX
 from tests import netns
 
 FAULTS = {"rank-killed": "rank killed", "link-cut": "link cut", "host-frozen": "host frozen",
@@ -189,10 +190,12 @@ def _poll(launchers: list[Launcher]) -> None:
 
 
 def _rank_pids(la: Launcher) -> list[int]:
-    """The rank processes below a launcher: python processes running the job script."""
+    """The rank processes below a launcher: torchrun's are python processes running the job
+    script; ours are named "rank N" (their command line is one title string)."""
     argvs = {pid: procfs.cmdline(pid) for pid in descendants(la.proc.pid)}
     return [pid for pid, argv in argvs.items()
-            if JOB in argv and "python" in os.path.basename((argv or [""])[0])]
+            if (JOB in argv and "python" in os.path.basename((argv or [""])[0]))
+            or (procfs.comm(pid) or "").startswith(COMM_PREFIX)]
 
 
 def _inject(fault: str, hosts: netns.Hosts, launchers: list[Launcher], tmp: Path,

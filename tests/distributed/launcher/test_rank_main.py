@@ -159,3 +159,62 @@ def test_a_launcher_that_is_already_gone_stops_the_rank_before_its_script(tree):
     done = run(boot("--file", "job.py"), tree, {_rank_main.PARENT_PID: str(gone)})
     assert done.returncode == -signal.SIGKILL
     assert not marker.exists()
+
+
+SELF = """\
+import json, os, pathlib, sys
+stat = pathlib.Path("/proc/self/stat").read_bytes().rsplit(b")", 1)[1].split()
+print(json.dumps({"cmdline": pathlib.Path("/proc/self/cmdline").read_bytes().decode(),
+                  "comm": pathlib.Path("/proc/self/comm").read_text().strip(),
+                  "area": int(stat[46]) - int(stat[45]), "argv": sys.argv,
+                  "private_env": sorted(k for k in os.environ if k.startswith("TENSORPLAY_RUN_"))}))
+"""
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def titled(tree: Path, title: str, comm: str = "rank 5", pre: str = "") -> tuple[
+        dict, subprocess.CompletedProcess]:
+    """Run SELF under the bootstrap (after ``pre``, Python run first in the same process)
+    with the launcher's title and name for it; what it saw of itself."""
+    (tree / "self.py").write_text(SELF)
+    argv = boot("--file", "self.py", "--lr", "0.1")
+    if pre:
+        argv[2] = pre + "\nexec(" + repr(argv[2]) + ")"
+    done = run(argv, tree, {_rank_main.TITLE: title, _rank_main.COMM: comm})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), done
+
+
+@linux_only
+def test_a_rank_takes_the_title_and_name_the_launcher_gave_it(tree):
+    title = "tensorplay-run rank 5/8: python self.py --lr 0.1"
+    seen, done = titled(tree, title)
+    assert seen["cmdline"] == title + "\0"  # one argument: ps -o args shows the title alone
+    assert seen["comm"] == "rank 5" and done.stderr == ""
+    assert seen["argv"] == ["self.py", "--lr", "0.1"] and seen["private_env"] == []
+
+
+@linux_only
+def test_a_title_longer_than_its_room_is_cut_whole_characters_and_dots(tree):
+    title = "tensorplay-run rank 5/8: python " + "é" * 3000  # 6032 bytes
+    seen, _ = titled(tree, title, comm="rank 5 and more than fifteen")
+    raw = seen["cmdline"].encode()
+    room = min(seen["area"], _rank_main.TITLE_PAGE) - 1  # the loader's ~330 bytes here
+    assert room - 1 <= len(raw) - 1 <= room and raw.endswith(b"...\0")  # one é is 2 bytes
+    assert title.startswith(seen["cmdline"][:-4]) and seen["comm"] == "rank 5 and more"
+
+
+@linux_only
+def test_a_title_that_cannot_be_set_is_said_and_the_script_runs(tree):
+    deny = ("import builtins\nreal = builtins.open\n"
+            "def refuse(path, *args, **kwargs):\n"
+            "    if path == '/proc/self/mem':\n"
+            "        raise PermissionError(13, 'Permission denied', path)\n"
+            "    return real(path, *args, **kwargs)\n"
+            "builtins.open = refuse")
+    seen, done = titled(tree, "tensorplay-run rank 5/8: python self.py --lr 0.1", pre=deny)
+    assert done.stderr == (
+        "tensorplay-run: this rank's process title was not set (PermissionError: [Errno 13] "
+        "Permission denied: '/proc/self/mem'); ps shows the command line it was started with.\n")
+    assert seen["cmdline"].split("\0")[:2] == [sys.executable, "-c"]  # as it started
+    assert seen["comm"] == "rank 5"  # set before the title

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 
 import pytest
 
@@ -52,3 +54,24 @@ def test_the_spec_is_built_once_and_frozen(tmp_path):
         "5", "10.0.0.1", spec.verdict_file)
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.master_port = 1  # type: ignore[misc]
+
+
+def test_a_ranks_title_is_the_command_it_runs_after_its_rank(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text("")
+    python = os.path.basename(sys.executable)
+    spec = parse_args(["--nproc-per-node", "4", "--nnodes", "2", "--node-rank", "1",
+                       "--master-addr", "10.0.0.1", "--master-port", "29500",
+                       str(job), "--name", "a b", "--lr", "0.1"])
+    line = f"{python} {job} --name 'a b' --lr 0.1"
+    assert spec.script_line() == line
+    assert spec.rank_title(1) == f"tensorplay-run rank 5/8: {line}"
+    assert spec.rank_title(3, restart=2) == f"tensorplay-run rank 7/8 (restart 2): {line}"
+    module = parse_args(["--nproc-per-node", "2", "-m", "mypkg.train", "--lr", "0.1"])
+    assert module.rank_title(0) == f"tensorplay-run rank 0/2: {python} -m mypkg.train --lr 0.1"
+    env = spec.rank_env(1)
+    if sys.platform.startswith("linux"):
+        assert (env["TENSORPLAY_RUN_TITLE"], env["TENSORPLAY_RUN_COMM"]) == (
+            spec.rank_title(1), "rank 5")
+    else:  # no /proc to write a title through
+        assert "TENSORPLAY_RUN_TITLE" not in env and "TENSORPLAY_RUN_COMM" not in env

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,10 +16,12 @@ import textwrap
 
 import pytest
 
+from tensorplay.distributed.host import procfs
 from tensorplay.distributed.launcher.spec import parse_args
 from tests import timing
 
 from .test_main import assert_all_gone, read_pids, run, script
+from .test_rank_table import await_table, start, title
 
 pytestmark = pytest.mark.warm_ranks  # warm start is what these tests are about
 
@@ -236,3 +239,38 @@ def test_one_rank_never_restarted_starts_plainly(tmp_path):
     assert res.returncode == 0, res.stderr
     assert [r["warm"] for r in reports(res.stdout)] == [False]
     assert parse_args(["--max-restarts", "1", str(job)]).wants_warm()
+
+
+@pytest.mark.slow  # its warm process imports torch (about 1.5 s)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process titles read /proc")
+def test_each_warm_rank_shows_its_own_title_and_the_table_goes_at_the_end(tmp_path):
+    job = script(tmp_path, """
+        write_pid()
+        while not (HERE / "go").exists():
+            time.sleep(0.05)
+    """)
+    launcher, path = start(tmp_path, "--nproc-per-node", "4", str(job), "--lr", "0.1")
+    try:
+        pids = read_pids(tmp_path, 4, launcher=launcher)
+        table = await_table(path, launcher, 4)
+        assert sorted(table.values()) == sorted(pids)
+        servers = {procfs.stat_fields(pid)[1] for pid in pids}  # each rank's parent
+        assert len(servers) == 1, servers
+        server = int(servers.pop())
+        line = shlex.join([os.path.basename(sys.executable), str(job), "--lr", "0.1"])
+        assert procfs.cmdline(server) == [f"tensorplay-run warm: {line}"]  # padding gone
+        assert procfs.comm(server) == "tensorplay-warm"
+        for rank, pid in table.items():
+            assert procfs.cmdline(pid) == [title(rank, 4, job, "--lr", "0.1")]
+            assert procfs.comm(pid) == f"rank {rank}"
+            env = procfs.environ(pid)  # the warm process's, as docs/launcher.md says
+            assert "RANK" not in env and env["WORLD_SIZE"] == "4"
+        (tmp_path / "go").touch()
+        _, err = timing.communicate(launcher, 20)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert launcher.returncode == 0, err
+    assert "title was not set" not in err
+    assert not path.exists()
+    assert_all_gone(pids)

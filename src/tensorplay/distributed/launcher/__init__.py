@@ -14,6 +14,7 @@ One module, one job (docs/architecture.md has the table):
 - ``rank_main``: what runs in each rank (loaded by path: it imports nothing of the package);
 - ``warm``: warm start: one process imports torch once and forks each rank (``--no-warm``);
 - ``rank_ends``: how each rank ended (``RankReport``, ``RankEnd``) -> the one summary line;
+- ``rank_table``: the rank -> pid table of a running job (a file; ``tensorplay-run --ps``);
 - ``handoff``: without torch, the job run under ``mpiexec`` (the MPI engine), or the line to use;
 - ``main``: the entry point (``tensorplay-run``, ``python -m tensorplay.distributed.run``).
 

@@ -49,6 +49,7 @@ from .options import PROG
 from .output import Output
 from .procs import Proc, Threads, join_threads, signal_groups, start_rank, stop_ranks
 from .rank_ends import RankEnd, RankReport, describe_code, first_failure, shorten, summarize
+from .rank_table import RankTable
 from .spec import LaunchSpec
 from .warm import Warm
 
@@ -167,11 +168,12 @@ class Job:
     """
 
     def __init__(self, spec: LaunchSpec, out: Output, board: Board | None = None,
-                 warm: Warm | None = None):
+                 warm: Warm | None = None, table: RankTable | None = None):
         self.spec = spec
         self.out = out
         self.board = board
         self.warm = warm  # the warm server the ranks are forked from (None: plain starts)
+        self.table = table  # the rank -> pid file, rewritten at each (re)start (None: none)
         self.events: Events = queue.SimpleQueue()
         self.procs: dict[int, Proc] = {}
         self.threads: Threads = {}
@@ -193,16 +195,31 @@ class Job:
         self.ends[rank] = RankEnd(rank)
         local = rank - self.spec.node_rank * self.spec.nproc_per_node
         instance = "" if self.board is None else f"{self.board.index}.{self.board.claim}"
+        proc: Proc | None = None
         if self.warm is not None:
             try:
-                self.procs[rank] = start_rank(self.spec, local, self.out, self.events,
-                                              self.threads, restart, self.warm, instance)
-                return
+                proc = start_rank(self.spec, local, self.out, self.events, self.threads,
+                                  restart, self.warm, instance)
             except OSError as err:
                 self.out.say(f"warm start off: {err}; starting ranks as fresh interpreters.")
                 self.warm = None
-        self.procs[rank] = start_rank(self.spec, local, self.out, self.events, self.threads,
-                                      restart, instance=instance)
+        if proc is None:
+            proc = start_rank(self.spec, local, self.out, self.events, self.threads, restart,
+                              instance=instance)
+        self.procs[rank] = proc
+        self.write_table()
+
+    def write_table(self) -> None:
+        """Write every rank's latest pid to the rank table (``rank_table``); when it cannot
+        be written, say so once and write it no more (the launcher removes it at the end)."""
+        if self.table is None:
+            return
+        try:
+            self.table.write({r: p.pid for r, p in self.procs.items()})
+        except OSError as err:
+            self.out.say(f"the rank table {self.table.path} was not written ({err}); "
+                         f"{PROG} --ps does not show this job.")
+            self.table = None
 
     def record(self, event: Event) -> None:
         """Note an exit, a report (a rank's first report counts), a beat, or a verdict (the
@@ -318,7 +335,7 @@ class Job:
 
     def note_change(self, change: NodeChange, running: set[int]) -> None:
         """Elastic mode: another node was lost or taken back. Say so, and tell this node's
-        ranks (``_losses``): a recovery counts a lost node's ranks as dead, and no rank
+        ranks (``host/wire.py``): a recovery counts a lost node's ranks as dead, and no rank
         waits for them."""
         self.node_changes.append(change)
         if change.kind == "lost":
@@ -341,7 +358,7 @@ class Job:
 
     def tell_ranks(self, verdict: Verdict) -> None:
         """Write the verdict where this node's ranks look while they wait in a cross-rank
-        check (``_failures.VERDICT_FILE``): they raise RankFailedError saying it."""
+        check (``wire.VERDICT_FILE``): they raise RankFailedError saying it."""
         path = self.spec.verdict_file
         if not path:
             return

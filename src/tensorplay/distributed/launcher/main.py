@@ -23,15 +23,16 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
-from ..errors import ArgumentError, rank_words
+from ..errors import ArgumentError, bad_argument, rank_words
 from ..host import env
-from . import handoff, store
+from . import handoff, rank_table, store
 from .events import Events, Signal, Verdict
 from .job import Job, policy_for
 from .nodes import Board, JoinError
 from .options import PROG, build_parser, check_args
 from .output import Output
 from .procs import stop_ranks
+from .rank_table import RankTable
 from .spec import LaunchSpec, from_args
 from .warm import Warm
 
@@ -77,7 +78,8 @@ def launch(spec: LaunchSpec) -> int:
     if board is not None and spec.wants_warm():
         store.preload()  # meanwhile the warm process imports torch too (store.preload says why)
     warm = _warm(spec, out)
-    job = Job(spec, out, board if spec.nnodes > 1 else None, warm)
+    table = _table(spec, out)
+    job = Job(spec, out, board if spec.nnodes > 1 else None, warm, table)
     policy = policy_for(spec)
     serving: threading.Thread | None = None
     with _signals_to(job.events):
@@ -123,6 +125,11 @@ def launch(spec: LaunchSpec) -> int:
                 board.close()
             if spec.workdir is not None:
                 shutil.rmtree(spec.workdir, ignore_errors=True)
+            if table is not None:
+                try:
+                    table.remove()
+                except OSError as err:
+                    out.say(f"the rank table {table.path} was not removed ({err}).")
             if "TORCH_CPP_LOG_LEVEL" not in spec.base_env:
                 os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
             out.close()
@@ -132,10 +139,34 @@ def _warm(spec: LaunchSpec, out: Output) -> Warm | None:
     """Start the warm process the ranks are forked from, or say in one line why not."""
     if not spec.wants_warm():
         return None
-    warm, why = Warm.start(spec.rank_env(0), spec.preload)
+    title = f"{PROG} warm: {spec.script_line()}" if sys.platform.startswith("linux") else ""
+    warm, why = Warm.start(spec.rank_env(0), spec.preload, title)
     if warm is None:
         out.say(f"warm start off: {why}; starting ranks as fresh interpreters.")
     return warm
+
+
+def _table(spec: LaunchSpec, out: Output) -> RankTable | None:
+    """This launcher's rank -> pid table (``rank_table``; written as the ranks start), or
+    None, said in one line, when its directory cannot be used."""
+    header = (f"{PROG} {os.getpid()}, node {spec.node_rank} of {spec.nnodes}: "
+              f"{spec.script_line()}")
+    try:
+        return RankTable.create(header, env.hostname())
+    except OSError as err:
+        out.say(f"no rank table for this job ({err}); {PROG} --ps does not show it.")
+        return None
+
+
+def ps(argv: list[str]) -> int:
+    """``tensorplay-run --ps [LAUNCHER_PID]``: print the rank -> pid table of that launcher,
+    or of every running launcher of this user; 1 when there is none, 2 for a bad argument."""
+    if len(argv) > 1 or (argv and not argv[0].isdigit()):
+        raise bad_argument("--ps", " ".join(argv), "takes one launcher pid, or none",
+                           f"run {PROG} --ps, or {PROG} --ps 4242 for launcher pid 4242")
+    text, code = rank_table.show(int(argv[0]) if argv else None)
+    (sys.stdout if code == 0 else sys.stderr).write(text)
+    return code
 
 
 def _serve(board: Board, events: Events) -> None:
@@ -177,6 +208,9 @@ def _leave(job: Job, code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of tensorplay-run; returns the exit code (2 for usage errors)."""
     try:
+        words = sys.argv[1:] if argv is None else argv
+        if words[:1] == ["--ps"]:
+            return ps(words[1:])
         parser = build_parser()
         args = parser.parse_args(argv)
         check_args(args)

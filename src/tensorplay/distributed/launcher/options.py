@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         allow_abbrev=False,  # else a script's own '--log' would be taken as ambiguous
         description="Start --nproc-per-node copies of a Python script, one per rank.",
+        epilog=f"{PROG} --ps [LAUNCHER_PID] prints the rank -> pid table of that launcher, or "
+               "of each of your running launchers (docs/launcher.md).",
     )
 
     def opt(name: str, **kw) -> None:

@@ -7,6 +7,14 @@ loads this file by path (no package import, so a rank starts as fast as before) 
 ``__loader__``, ``__spec__``), the same traceback on stderr and the same exit code. ``-m``
 goes through ``runpy._run_module_as_main``, the function ``python -m`` itself calls.
 
+Before the script, on Linux, the rank takes the command line and name the launcher gave it
+(``TENSORPLAY_RUN_TITLE``, ``TENSORPLAY_RUN_COMM``), so ``ps -o pid,comm,args`` shows::
+
+    4250 rank 5   tensorplay-run rank 5/8: python train.py --lr 0.1
+
+whether it was started by Popen (its command line was the loader's) or forked from the warm
+process (it was the warm process's); see ``name_this_process``.
+
 The two promises, both standard library only:
 
 1. **Die with the launcher.** On Linux, ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel kills
@@ -37,6 +45,8 @@ import time
 REPORT_FD = "TENSORPLAY_RUN_REPORT_FD"
 BEAT_S = "TENSORPLAY_RUN_BEAT_S"  # set: send a beat this often (--hang-timeout-s)
 PARENT_PID = "TENSORPLAY_RUN_PARENT_PID"
+TITLE = "TENSORPLAY_RUN_TITLE"  # set (Linux): the rank's command line for ps (name_this_process)
+COMM = "TENSORPLAY_RUN_COMM"  # and its name ("rank 5"), set with TITLE
 RUN_NOTES = "TENSORPLAY_RUN_NOTES"  # "<pid>:<fd>": the report pipe, for _env.tell_launcher
 WHAT_CHARS = 1000  # a report's one-line "Type: message" is cut here (one pipe write)
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -51,17 +61,55 @@ def loader_command() -> str:
             f"'tensorplay_rank_main', {__file__!r})))(__import__('importlib.util').util)")
 
 
-RANK_COMM = "tensorplay-rank"  # /proc/<pid>/comm of every rank tensorplay-run starts
+COMM_PREFIX = "rank "  # /proc/<pid>/comm of a rank tensorplay-run starts: "rank 5"
+TITLE_PAGE = 4096  # the kernel shows a changed command line up to its first NUL, in one page
 
 
-def name_this_process() -> None:
-    """Name this process RANK_COMM in /proc/<pid>/comm (Linux; 15 characters at most), so a
-    rank is known as one whether it started as a fresh interpreter or was forked from the
-    warm process (whose command line a forked rank keeps)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+def name_this_process(title: str, comm: str) -> None:
+    """Show ``title`` as this process's command line and ``comm`` as its name (Linux): what
+    ``ps -o args`` and ``/proc/<pid>/cmdline`` show, and ``ps -o comm``, ``top``.
 
-        ctypes.CDLL(None).prctl(PR_SET_NAME, RANK_COMM.encode(), 0, 0, 0)
+    A process's command line is the memory range [arg_start, arg_end) of its own address
+    space (``/proc/self/stat`` fields 48-49; a forked one has its parent's copy): the argument
+    strings it was exec'd with, which the interpreter has copied and never reads again (C's
+    ``program_invocation_name`` points there and reads the title). The title is written over
+    them through ``/proc/self/mem``, NUL-terminated, and the rest of the range is filled with
+    spaces, so that its last byte is not a NUL: the kernel then reads the command line as one
+    string up to the first NUL (the title alone, as one argument), where with NULs to the end
+    it would hand out the whole range, and with no NUL in it at all it would read on into the
+    environment. The title must fit the range: a rank started by Popen has its ``-c`` loader
+    there (some 300 bytes more than its title needs), the warm process pads its command line
+    to TITLE_PAGE bytes (``warm.Warm.start``). A longer title is cut at the range's length
+    less one, at most TITLE_PAGE - 1 = 4095 bytes, its last three bytes "..." (a range of
+    4096 bytes and a 5000-byte title: 4092 bytes of it, then "..."). ``comm`` is set first,
+    with ``prctl(PR_SET_NAME)``: 15 bytes at most ("rank 12345" is 10), the rest cut.
+
+    Raises OSError when it cannot be done (no /proc, the range not shown, a short write).
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NAME, os.fsencode(comm)[:15], 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NAME) failed")
+    with open("/proc/self/stat", "rb") as f:  # not _procfs: this file imports no package
+        fields = f.read().rsplit(b")", 1)[1].split()  # fields from the 3rd (the state) on
+    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: fields 48, 49
+    if not 0 < start < end:
+        raise OSError(f"/proc/self/stat shows no command-line range ({start}, {end})")
+    area = end - start
+    text = os.fsencode(title)
+    room = min(area, TITLE_PAGE) - 1
+    if len(text) > room:
+        cut = room - 3
+        while cut > 0 and text[cut] & 0xC0 == 0x80:  # not inside a UTF-8 character
+            cut -= 1
+        text = text[:cut] + b"..."
+    data = text + b"\0" + b" " * (area - len(text) - 1)
+    with open("/proc/self/mem", "r+b", buffering=0) as mem:
+        mem.seek(start)
+        wrote = mem.write(data)
+    if wrote != len(data):
+        raise OSError(f"wrote {wrote} of the title's {len(data)} bytes to /proc/self/mem")
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -274,7 +322,13 @@ def main() -> None:
     """Entry point in the rank: ``--file PATH ARGS...`` or ``--module NAME ARGS...``."""
     fd = os.environ.pop(REPORT_FD, None)
     parent = os.environ.pop(PARENT_PID, None)
-    name_this_process()
+    title, comm = os.environ.pop(TITLE, None), os.environ.pop(COMM, None)
+    if title is not None and comm is not None:
+        try:
+            name_this_process(title, comm)
+        except OSError as err:  # said, and the script runs: only ps shows less
+            print(f"tensorplay-run: this rank's process title was not set ({one_line(err)}); "
+                  f"ps shows the command line it was started with.", file=sys.stderr)
     if parent is not None:
         die_with_parent(int(parent))
     if fd is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shlex
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -113,7 +114,25 @@ class LaunchSpec:
             env[wire.LOSSES_FILE] = self.losses_file
         if instance:
             env[wire.NODE_INSTANCE] = instance
+        if sys.platform.startswith("linux"):  # rank_main.name_this_process reads /proc
+            env[rank_main.TITLE] = self.rank_title(local_rank, restart)
+            env[rank_main.COMM] = f"{rank_main.COMM_PREFIX}{self.global_rank(local_rank)}"
         return env
+
+    def script_line(self) -> str:
+        """The command a rank runs, as a shell reads it: ``python train.py --lr 0.1`` (``python
+        -m mypkg.train ...`` with -m; ``python`` is this interpreter's file name, ``python3.12``
+        say; an argument with a space or a quote is quoted: ``--name 'a b'``)."""
+        return shlex.join([os.path.basename(sys.executable), *(["-m"] if self.module else []),
+                           self.script, *self.script_args])
+
+    def rank_title(self, local_rank: int, restart: int = 0) -> str:
+        """What ``ps`` shows as a rank's command line: ``tensorplay-run rank 5/8: python
+        train.py --lr 0.1`` (rank 5 of a world of 8; ``rank 5/8 (restart 1): ...`` once elastic
+        mode restarted it)."""
+        again = f" (restart {restart})" if restart else ""
+        return (f"{PROG} rank {self.global_rank(local_rank)}/{self.world_size}{again}: "
+                f"{self.script_line()}")
 
     def rank_args(self) -> list[str]:
         """What ``rank_main.main`` reads: ``--file SCRIPT ARGS...`` or ``--module NAME ...``."""

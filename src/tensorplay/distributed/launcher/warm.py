@@ -29,8 +29,14 @@ when it is unsafe: the server has a second thread (Python's or the OS's: a BLAS 
 an import counts), an accelerator runtime is initialised, or the platform has no fork. What a
 fork cannot give: the ranks share the server's ``PYTHONHASHSEED`` (str hashes), and a module
 the server imported is already in ``sys.modules`` (imported once, before any rank existed: it
-must not read ``RANK`` at import); a rank's ``/proc/PID/cmdline`` and ``/proc/PID/environ``
-are the server's (what it was exec'd with), so tools that find ranks there do not see them.
+must not read ``RANK`` at import); a rank's ``/proc/PID/environ`` is the server's (what it was
+exec'd with: no ``RANK``, ``LOCAL_RANK``), so tools that find ranks there do not see them.
+
+Its command line is its own: the server is exec'd with its title padded with spaces to
+``rank_main.TITLE_PAGE`` bytes of command line (``tensorplay-run warm: python train.py`` and
+about 3,800 spaces), takes that title as its command line at once (``name_this_process``;
+``ps`` then shows it without the padding), and each forked rank writes its own title over its
+copy of those 4,096 bytes (``tensorplay-run rank 5/8: python train.py``).
 """
 
 from __future__ import annotations
@@ -56,7 +62,9 @@ KILLED_S = 5.0  # and to be reaped after a SIGKILL, before the launcher leaves i
 READY_TIMEOUT_S = 300.0  # the server's imports (torch on a loaded machine, the user's modules)
 PACKET = 1 << 20  # the largest message read (an environment fits many times over)
 RANK_VARS = ("RANK", "LOCAL_RANK", "TENSORPLAY_RESTART_COUNT", "TENSORPLAY_NODE_INSTANCE",
-             rank_main.REPORT_FD, rank_main.PARENT_PID)  # not in the server's environment
+             rank_main.REPORT_FD, rank_main.PARENT_PID, rank_main.TITLE,
+             rank_main.COMM)  # not in the server's environment
+WARM_COMM = "tensorplay-warm"  # the server's /proc/<pid>/comm (15 bytes: the kernel's most)
 
 
 def unsupported() -> str | None:
@@ -107,9 +115,15 @@ class Warm:
         self.reader: threading.Thread | None = None
 
     @classmethod
-    def start(cls, env: Mapping[str, str], preload: Sequence[str]) -> tuple[Warm | None, str]:
+    def start(cls, env: Mapping[str, str], preload: Sequence[str],
+              title: str = "") -> tuple[Warm | None, str]:
         """Start the server with ``env`` (the ranks' common environment) and wait until it has
-        imported everything. Returns (the server, "") or (None, why forking is off)."""
+        imported everything. Returns (the server, "") or (None, why forking is off).
+
+        ``title`` (Linux): the server's command line for ``ps``. It is passed padded with
+        spaces so that the server's whole command line is ``rank_main.TITLE_PAGE`` bytes, the
+        room every rank's title is written into: a command line of 330 bytes besides the
+        title gets 4096 - 330 - len(title) spaces (none when it is that long already)."""
         why = unsupported()
         if why:
             return None, why
@@ -121,7 +135,10 @@ class Warm:
                    "'tensorplay.distributed.launcher.warm', fromlist=['serve']).serve())"
                    "(__import__('sys'))")
         cmd = [sys.executable, "-c", program, root, str(theirs.fileno()), str(os.getpid()),
-               *preload]
+               title, *preload]
+        if title:
+            used = sum(len(os.fsencode(word)) + 1 for word in cmd)  # each NUL-terminated
+            cmd[6] = title + " " * max(0, rank_main.TITLE_PAGE - used)
         try:
             proc = subprocess.Popen(cmd, env=server_env, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.DEVNULL, start_new_session=True,
@@ -254,8 +271,16 @@ def _unsafe() -> str | None:
 
 
 def serve() -> None:
-    """The warm server's main: ``python -c PROGRAM ROOT SOCKET_FD LAUNCHER_PID [MODULE...]``."""
-    fd, launcher, preload = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+    """The warm server's main: ``python -c PROGRAM ROOT SOCKET_FD LAUNCHER_PID TITLE
+    [MODULE...]`` (TITLE padded with spaces; empty: keep the command line)."""
+    fd, launcher, title, preload = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+    if title:
+        try:
+            rank_main.name_this_process(title.rstrip(" "), WARM_COMM)
+        except OSError as err:  # said; forking goes on (each rank says its own)
+            print(f"tensorplay-run: the warm process's title was not set "
+                  f"({rank_main.one_line(err)}); ps shows the command line it was started "
+                  f"with.", file=sys.stderr)
     path = sys.path[:-1]  # without ROOT, appended by PROGRAM: the interpreter's, for the ranks
     handlers = {s: signal.getsignal(s) for s in signal.valid_signals()
                 if signal.getsignal(s) is not None}  # a fresh interpreter's, to give each rank
