@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -15,10 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from tensorplay.distributed import _keys
 from tensorplay.distributed.launcher import job as _job
 from tensorplay.distributed.launcher import nodes as _nodes
+from tensorplay.distributed.launcher import store
 from tensorplay.distributed.launcher.options import SETTLE_S
+from tensorplay.distributed.launcher.store import Client
 from tests import spawn, timing
+from tests.distributed.launcher.memory_store import MemoryStore
 from tests.spawn import free_port
 
 LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
@@ -386,3 +391,28 @@ def test_a_node_whose_launcher_died_is_named_as_a_node_and_node_0_ends_quickly(t
                         r"is lost: its launcher is gone \(its connection to node 0 closed "
                         r"without a goodbye\)\.", text.strip().splitlines()[-1]), text
     assert "not compared" not in text, text  # ranks 2-3 were lost: nothing was late
+
+
+def test_a_bug_in_the_heartbeat_thread_is_said_on_stderr_and_stops_the_job_on_every_node(
+        monkeypatch, capfd):
+    raw = MemoryStore()
+    raw.broken["add"] = ZeroDivisionError("division by zero")  # node 1's beat is an add
+    monkeypatch.setattr(store, "connect", lambda *args: Client(raw))
+    board = _nodes.Board(nnodes=2, node_rank=1, nproc=1, host="hostB", addr="127.0.0.1",
+                         port=1, grace_s=10.0, join_timeout_s=5.0)
+    verdicts: queue.SimpleQueue[_nodes.Verdict] = queue.SimpleQueue()
+    board.watch(verdicts.put)
+    try:
+        verdict = verdicts.get(timeout=timing.guard(30))
+    finally:
+        board.close()
+    err = capfd.readouterr().err
+    assert err.startswith("tensorplay-run: internal error in the heartbeat: Traceback (most "
+                          "recent call last):"), err
+    assert err.rstrip().endswith("ZeroDivisionError: division by zero"), err
+    assert err.count("internal error") == 1, err  # said once
+    assert verdict == _nodes.Verdict(
+        "bug", 1, "node 1 (hostB, rank 1)'s launcher failed: internal error in the heartbeat "
+                  "(ZeroDivisionError: division by zero; traceback above)")
+    assert _nodes.Verdict.loads(raw.kv[_keys.NODES_VERDICT]) == verdict  # the others stop too
+    assert verdicts.empty()

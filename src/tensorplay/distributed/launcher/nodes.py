@@ -17,8 +17,8 @@ Through that store the launchers
    is refused by it: node 0's launcher is gone) declares node 0 lost by itself. Cost: per
    second two store calls per node (its beat, a look for a verdict), and on node 0 one per
    node (a counter read): at 12,500 nodes of 8 ranks, ~37,500 calls a second on node 0's
-   store. Every call is bounded (``_bounded``): torch's client can block for ever on a link
-   that went silent;
+   store. Every call is bounded (``store.bounded``): torch's client can block for ever on a
+   link that went silent;
 3. **stop together**: the first verdict posted wins (compare_set); every launcher reads it at
    its next beat and stops its ranks. A node whose ranks all finished adds ``DONE`` to its
    counter, so node 0 keeps the store up until every node is done or lost.
@@ -41,18 +41,15 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
 
 from .. import _keys, _netif
 from ..errors import format_ranks
-from . import store
+from . import bugs, store
 from .links import Link, Links
-from .store import LauncherStore
+from .store import CALL_S, POLL_S, Client, LauncherStore, StoreGone, bounded
 
 BEAT_S = 1.0  # how often a launcher beats and looks at the others
-CALL_S = 2.0  # a heartbeat's store call gives up after this long
 DONE = 1 << 40  # added to a node's counter when its ranks have all finished
-POLL_S = 0.05  # how often a joining launcher looks for the others
 ACK_S = BEAT_S + CALL_S + 1.0  # node 0 keeps the store up so long for a verdict to be read
 
 
@@ -60,7 +57,7 @@ ACK_S = BEAT_S + CALL_S + 1.0  # node 0 keeps the store up so long for a verdict
 class Verdict:
     """Why the job stops: posted once by one launcher, printed by every one."""
 
-    kind: str  # 'join', 'lost', 'failed', 'store'
+    kind: str  # 'join', 'lost', 'failed', 'store', 'bug' (a launcher's own internal error)
     node: int  # the node that posted it
     text: str
     lost: int | None = None  # the node declared lost, which will not read this
@@ -138,7 +135,7 @@ class Board:
         self.grace_s, self.join_timeout_s = grace_s, join_timeout_s
         self.server: LauncherStore | None = None  # node 0: the store's server (lives as long
         # as the launcher)
-        self.client: Any = None  # the main thread's client (a LauncherStore once joined)
+        self.client: Client | None = None  # the main thread's client, once joined
         self.nodes: dict[int, Node] = {}
         self.verdict: Verdict | None = None
         self._stop = threading.Event()
@@ -148,8 +145,8 @@ class Board:
 
     # ---------------------------------------------------------------- store
 
-    def _connect(self, timeout_s: float) -> LauncherStore:
-        return store.connect(self.addr, self.port, timeout_s)
+    def _connect(self) -> Client:
+        return store.connect(self.addr, self.port, time.monotonic() + CALL_S, CALL_S)
 
     def bind(self) -> socket.socket:
         """Node 0: the socket the job's store will be served on (JoinError when it cannot)."""
@@ -193,15 +190,12 @@ class Board:
         deadline = time.monotonic() + self.join_timeout_s
         if self.index == 0 and self.server is None:
             self.serve()
-        problem = _netif.await_listener(self.addr, self.port, deadline)
         try:
-            if problem is not None:
-                raise OSError(problem)
-            self.client = self._connect(max(deadline - time.monotonic(), CALL_S))
-        except Exception as err:  # noqa: BLE001 - torch's DistError family
+            self.client = store.connect(self.addr, self.port, deadline, CALL_S)
+        except StoreGone as err:
             raise JoinError(
                 f"node 0 (the job's store at {self.addr}:{self.port}) never answered within "
-                f"{self.join_timeout_s:g} s ({_said(err)}). Fix: start tensorplay-run with "
+                f"{self.join_timeout_s:g} s ({err}). Fix: start tensorplay-run with "
                 f"--node-rank 0 on the machine that has address {self.addr}, and check that "
                 f"this machine reaches it (firewall, --master-addr, --master-port)"
             ) from None
@@ -210,27 +204,30 @@ class Board:
         except JoinError:
             self._part()
             raise
-        except Exception as err:  # noqa: BLE001 - torch's DistError family: node 0 left
+        except StoreGone as err:
             raise JoinError(f"node 0 (the job's store at {self.addr}:{self.port}) went away "
-                            f"while the nodes met ({_said(err)}); its launcher says why"
+                            f"while the nodes met ({err}); its launcher says why"
                             ) from None
 
     def _part(self) -> None:
         """The join failed: say this launcher read why; node 0 keeps the store up until every
         launcher that came has (at most ACK_S), so none meets a closed store instead."""
-        with suppress(Exception):
-            _bounded(lambda: self.client.add(_keys.NODES_PARTED, 1), CALL_S)
+        client = self.client
+        assert client is not None
+        with suppress(StoreGone):  # the store is gone: nobody is left to wait for
+            bounded(lambda: client.add(_keys.NODES_PARTED, 1), CALL_S)
             if self.index != 0:
                 return
             until = time.monotonic() + ACK_S
             while time.monotonic() < until:
-                came = sum(int(self.client.add(_keys.NODE_CLAIM.format(node=i), 0))
+                came = sum(client.add(_keys.NODE_CLAIM.format(node=i), 0)
                            for i in range(self.nnodes))
-                if int(self.client.add(_keys.NODES_PARTED, 0)) >= came:
+                if client.add(_keys.NODES_PARTED, 0) >= came:
                     return
                 time.sleep(POLL_S)
 
     def _join(self, deadline: float) -> None:
+        assert self.client is not None
         me = Node(self.index, self.host, self.nproc, self.nnodes)
         claim = int(self.client.add(_keys.NODE_CLAIM.format(node=self.index), 1))
         self.claim = claim
@@ -253,7 +250,7 @@ class Board:
         self._check_agree()
         if self.index == 0:
             with suppress(OSError):  # no second port: the heartbeat alone judges the nodes
-                self.links = Links(self.addr, self._link_gone)
+                self.links = Links(self.addr, self._link_gone, self._fail)
             self.client.set(_keys.NODE_LINKS, str(self.links.port if self.links else ""))
         self.client.set(_keys.NODES_STARTED, "1")
         self._hold_link(deadline)
@@ -261,9 +258,9 @@ class Board:
     def _hold_link(self, deadline: float) -> None:
         """Nodes 1..: open the connection node 0 watches (best effort: without it the
         heartbeat alone judges this node)."""
-        if self.index == 0:
+        if self.index == 0 or self.client is None:
             return
-        with suppress(Exception):
+        try:
             while not self.client.check([_keys.NODE_LINKS]):  # node 0 posts it ("": none)
                 if time.monotonic() >= deadline:
                     return
@@ -272,11 +269,14 @@ class Board:
             if port:
                 self.link = Link(self.addr, int(port), self.index, self.claim,
                                  max(deadline - time.monotonic(), CALL_S))
+        except (StoreGone, OSError):  # the store, or node 0's link port, went away meanwhile
+            return
 
     def _replace(self, me: Node, deadline: float) -> None:
         """Elastic mode, the job running: take node ``self.index`` back when the launcher that
         holds it was declared lost (a node killed and started again at once is still held:
         wait up to the grace for the verdict); else JoinError, and the job goes on."""
+        assert self.client is not None
         zero = self._read_node(0)
         for field, flag in (("nproc", "--nproc-per-node"), ("nnodes", "--nnodes")):
             if getattr(zero, field) != getattr(me, field):
@@ -316,6 +316,7 @@ class Board:
 
     def _live_claim(self, node: int) -> int:
         """The claim that holds ``node`` now: 1, or the last replacement in its chain."""
+        assert self.client is not None
         claim = 1
         while self.client.check([_keys.NODE_NEXT.format(node=node, claim=claim)]):
             claim = int(self.client.get(_keys.NODE_NEXT.format(node=node, claim=claim)))
@@ -325,6 +326,7 @@ class Board:
         return {(c.node, c.claim) for c in self.changes if c.kind == "lost"}
 
     def _await_all(self, deadline: float) -> None:
+        assert self.client is not None
         keys = [_keys.NODE_INFO.format(node=i, claim=1) for i in range(self.nnodes)]
         while True:
             self._raise_on_verdict()
@@ -345,6 +347,7 @@ class Board:
         self.nodes = {i: self._read_node(i) for i in range(self.nnodes)}
 
     def _read_node(self, i: int) -> Node:
+        assert self.client is not None
         return Node(**json.loads(self.client.get(_keys.NODE_INFO.format(node=i, claim=1))))
 
     def _check_agree(self) -> None:
@@ -358,23 +361,27 @@ class Board:
         self._raise_on_verdict()
 
     def _raise_on_verdict(self) -> None:
+        assert self.client is not None
         self.verdict = self.verdict or _posted(self.client)
         if self.verdict is not None:
             raise JoinError(self.verdict.text)
 
     # ---------------------------------------------------------------- verdicts
 
-    def post(self, kind: str, text: str, client: Any = None, lost: int | None = None
-             ) -> Verdict:
+    def post(self, kind: str, text: str, client: Client | None = None,
+             lost: int | None = None) -> Verdict:
         """Post a verdict unless one was posted before; return the one that stands (ours when
-        the store cannot be reached)."""
+        the store cannot be reached, or there is no client: none could be made)."""
         mine = Verdict(kind, self.index, text, lost)
         target = client or self.client
+        if target is None:
+            self.verdict = self.verdict or mine
+            return self.verdict
         try:
-            won = _bounded(lambda: target.compare_set(_keys.NODES_VERDICT, "", mine.dumps()),
-                           CALL_S)
+            won = bounded(lambda: target.compare_set(_keys.NODES_VERDICT, "", mine.dumps()),
+                          CALL_S)
             self.verdict = Verdict.loads(won)
-        except Exception:  # noqa: BLE001 - the store is gone; this launcher's word stands
+        except StoreGone:  # this launcher's word stands
             self.verdict = self.verdict or mine
         return self.verdict
 
@@ -382,10 +389,11 @@ class Board:
         """The verdict that stands, waiting up to ``within_s`` for another launcher to post
         one (None: none came, or the store cannot be reached)."""
         deadline = time.monotonic() + within_s
-        while self.verdict is None:
+        client = self.client
+        while self.verdict is None and client is not None:
             try:
-                self.verdict = self.verdict or _bounded(lambda: _posted(self.client), CALL_S)
-            except Exception:  # noqa: BLE001 - the store is gone: nobody else will say
+                self.verdict = self.verdict or bounded(lambda: _posted(client), CALL_S)
+            except StoreGone:  # nobody else will say
                 break
             if self.verdict is not None or time.monotonic() >= deadline:
                 break
@@ -402,25 +410,23 @@ class Board:
         """Start beating and watching; ``on_verdict`` is called once, from the watch thread
         (or node 0's link thread); ``on_change`` (elastic mode) for each node lost or back."""
         self._on_verdict, self._on_change = on_verdict, on_change
-        self._thread = threading.Thread(target=self._beat_loop, daemon=True,
-                                        name="tensorplay-run heartbeat")
+        self._thread = threading.Thread(target=bugs.guarded("the heartbeat", self._beat_loop,
+                                                            self._fail),
+                                        daemon=True, name="tensorplay-run heartbeat")
         self._thread.start()
 
     def _beat_loop(self) -> None:
-        client: Any = None
+        client: Client | None = None
         last_ok = time.monotonic()
         seen = {i: (-1, last_ok) for i in range(1, self.nnodes)}  # node -> (count, since)
 
         def beat() -> tuple[dict[int, int], list[NodeChange], Verdict | None]:
             nonlocal client
             if client is None:
-                problem = _netif.await_listener(self.addr, self.port, time.monotonic() + CALL_S)
-                if problem is not None:
-                    raise OSError(problem)
-                client = self._connect(CALL_S)
+                client = self._connect()
             counts = {}
             if self.index == 0:
-                counts = {i: int(client.add(self._beat_key(i), 0)) for i in seen
+                counts = {i: client.add(self._beat_key(i), 0) for i in seen
                           if i not in self.lost}
             else:
                 client.add(self._beat_key(self.index), 1)
@@ -438,15 +444,15 @@ class Board:
             now = time.monotonic()
             try:  # a silent store is judged at the grace, not a whole call later
                 left = self.grace_s - (now - last_ok)
-                counts, news, verdict = _bounded(beat, min(2 * CALL_S, max(left, 0.5)))
-            except Exception as err:  # noqa: BLE001 - torch's DistError family, TimeoutError
+                counts, news, verdict = bounded(beat, min(2 * CALL_S, max(left, 0.5)))
+            except StoreGone as err:
                 client = None  # a call that timed out may still be stuck in it: never reuse
-                refused = "refused" in str(err).lower()
                 silent = time.monotonic() - last_ok
-                if silent >= self.grace_s or refused:
-                    self._decide(self._store_lost(silent, err, refused))
+                if silent >= self.grace_s or err.refused:
+                    self._decide(self._store_lost(silent, err))
                     return
                 continue
+            assert client is not None
             last_ok = now
             if verdict is not None:
                 self._decide(verdict)
@@ -469,7 +475,11 @@ class Board:
                     why = (f"went silent: no heartbeat for {now - seen[i][1]:.1f} s (limit "
                            f"{self.grace_s:g} s, --node-grace-s)")
                     if self.elastic:
-                        self._lose(i, self.live[i], why, client)
+                        try:
+                            self._lose(i, self.live[i], why, client)
+                        except StoreGone:  # not posted: the next beat reconnects, judges again
+                            client = None
+                            break
                         continue
                     self._decide(self.post("lost", f"{self.node(i).name()} {why}", client,
                                            lost=i))
@@ -480,13 +490,13 @@ class Board:
 
     # ---------------------------------------------------------------- elastic: nodes lost, back
 
-    def _post_change(self, change: NodeChange, client: Any) -> None:
-        n = int(client.add(_keys.NODE_NEWS, 1))
+    def _post_change(self, change: NodeChange, client: Client) -> None:
+        n = client.add(_keys.NODE_NEWS, 1)
         client.set(_keys.NODE_NEWS_ITEM.format(n=n), change.dumps())
 
-    def _read_news(self, client: Any) -> list[NodeChange]:
+    def _read_news(self, client: Client) -> list[NodeChange]:
         """The node changes posted since this launcher last looked (one call when none)."""
-        total = int(client.add(_keys.NODE_NEWS, 0))
+        total = client.add(_keys.NODE_NEWS, 0)
         new = []
         while self._news_read < total:
             key = _keys.NODE_NEWS_ITEM.format(n=self._news_read + 1)
@@ -512,7 +522,7 @@ class Board:
                                                self.nnodes)
             return True
 
-    def _lose(self, node: int, claim: int, why: str, client: Any) -> None:
+    def _lose(self, node: int, claim: int, why: str, client: Client) -> None:
         """Node 0, elastic mode: post that ``node`` (its ``claim``-th launcher) is lost, once;
         every launcher reads it, and the job goes on without the node's ranks."""
         with self._lock:
@@ -532,15 +542,15 @@ class Board:
             return
         why = "its launcher is gone (its connection to node 0 closed without a goodbye)"
         try:
-            client = self._connect(CALL_S)
-            if int(_bounded(lambda: client.add(self._beat_key(node), 0), CALL_S)) >= DONE:
+            client = self._connect()
+            if bounded(lambda: client.add(self._beat_key(node), 0), CALL_S) >= DONE:
                 return  # it had finished
             if self.elastic:
-                _bounded(lambda: self._lose(node, claim, why, client), 2 * CALL_S)
+                bounded(lambda: self._lose(node, claim, why, client), 2 * CALL_S)
             else:
                 self._decide(self.post("lost", f"{self.node(node).name()} is lost: {why}",
                                        client, lost=node))
-        except Exception:  # noqa: BLE001 - our own store is gone: we are ending anyway
+        except StoreGone:  # our own store is gone: this launcher is ending anyway
             return
 
     def _dropped(self, change: NodeChange) -> Verdict:
@@ -554,10 +564,10 @@ class Board:
 
     # ---------------------------------------------------------------- the end
 
-    def _store_lost(self, silent_s: float, err: BaseException, refused: bool) -> Verdict:
-        why = ("refused the connection: its launcher is gone" if refused else
+    def _store_lost(self, silent_s: float, err: StoreGone) -> Verdict:
+        why = ("refused the connection: its launcher is gone" if err.refused else
                f"has not answered for {silent_s:.1f} s (limit {self.grace_s:g} s, "
-               f"--node-grace-s): {_said(err)}")
+               f"--node-grace-s): {err}")
         text = (f"{self.node(0).name()}, which serves the job's store at "
                 f"{self.addr}:{self.port}, is lost: the store {why}")
         if self.elastic:
@@ -575,32 +585,48 @@ class Board:
         self.verdict = verdict
         self._on_verdict(verdict)
 
+    def _fail(self, where: str, err: BaseException) -> None:
+        """A launcher thread hit a bug (``bugs.guarded`` printed it): the job stops on every
+        node, naming it, rather than going on without that thread."""
+        me = Node(self.index, self.host, self.nproc, self.nnodes).name()
+        try:
+            client: Client | None = self._connect()
+        except StoreGone:  # this launcher's word stands
+            client = None
+        self._decide(self.post("bug", f"{me}'s launcher failed: {bugs.summary(where, err)}",
+                               client))
+
     def beat_done(self) -> None:
         """This launcher is ending: say so (node 0 then stops watching it and may close)."""
         if self.link is not None:
             self.link.bye()
-        if self.index == 0 or self.client is None:
+        client = self.client
+        if self.index == 0 or client is None:
             return
         if self.verdict is not None and self.verdict.lost == 0:
             return  # node 0 is lost: there is nobody to tell
-        with suppress(Exception):  # the store is gone: there is nobody to tell
-            _bounded(lambda: self.client.add(self._beat_key(self.index), DONE), CALL_S)
+        with suppress(StoreGone):  # the store is gone: there is nobody to tell
+            bounded(lambda: client.add(self._beat_key(self.index), DONE), CALL_S)
 
     def await_others(self, interrupted: Callable[[], bool] = lambda: False) -> bool:
         """Node 0, its ranks ended: keep serving the store until every other node is done
         (True), nodes lost in elastic mode and not taken back aside. Once a verdict stands,
         wait only ACK_S more for the others to read it, and stop at once when
-        ``interrupted()`` (False).
+        ``interrupted()`` (False). A failure of this node's own store is a verdict too.
         """
+        assert self.client is not None, "await_others() before join()"
         until = None
         while not interrupted():
             lost = self.verdict.lost if self.verdict is not None else None
             keys = [self._beat_key(i) for i in range(1, self.nnodes)
                     if i != lost and i not in self.lost]
             try:
-                if all(int(self.client.add(k, 0)) >= DONE for k in keys):
+                if all(self.client.add(k, 0) >= DONE for k in keys):
                     return self.verdict is None
-            except Exception:  # noqa: BLE001 - our own store: only a bug gets here
+            except StoreGone as err:
+                self.verdict = self.verdict or Verdict(
+                    "store", self.index, f"this node's own store at {self.addr}:{self.port} "
+                    f"failed while it waited for the other nodes to finish ({err})")
                 return False
             if self.verdict is not None:
                 until = until or time.monotonic() + ACK_S
@@ -622,36 +648,9 @@ class Board:
                 os.close(fd)
 
 
-def _posted(client: Any) -> Verdict | None:
+def _posted(client: Client) -> Verdict | None:
     """The verdict posted in the job's store (None: none yet)."""
     if not client.check([_keys.NODES_VERDICT]):
         return None
     return Verdict.loads(client.get(_keys.NODES_VERDICT))
 
-
-def _bounded(call: Callable[[], Any], timeout_s: float) -> Any:
-    """``call()``, run on a daemon thread so that this thread waits at most ``timeout_s``
-    (TimeoutError): torch's store client can block for ever on a link that went silent.
-    A call that timed out is abandoned, still blocked, with its client (never reused)."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = call()
-        except BaseException as err:  # noqa: BLE001 - handed to the caller
-            box["error"] = err
-
-    thread = threading.Thread(target=run, daemon=True, name="tensorplay-run store call")
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise TimeoutError(f"the store did not answer within {timeout_s:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
-
-
-def _said(err: BaseException) -> str:
-    """The first line of a store error, without torch's source location."""
-    lines = str(err).strip().splitlines()
-    return (lines[0] if lines else type(err).__name__)[:200]
