@@ -14,7 +14,7 @@ call raises is a bug and goes up as it is. ``StoreGone.refused`` is what a heart
 know: True when a connection to the store's address was refused (its host is up and nothing
 listens there: node 0's launcher is gone, so there is no point waiting --node-grace-s out),
 False when the store only did not answer (a frozen node 0, a cut link). Worked example
-(node 0, then a client, as ``nodes.Board`` does)::
+(node 0, then a client, as ``nodes.JobNodes`` does)::
 
     listener = _netif.listen("127.0.0.1", 29500)
     server = serve(listener, "127.0.0.1", 29500, timeout_s=300)
