@@ -28,8 +28,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     files, the store) is done before ``launch`` returns."""
     code = launch(argv)
     for stream in (sys.stdout, sys.stderr):
-        with suppress(Exception):
-            stream.flush()
+        with suppress(OSError, ValueError):  # a reader gone (EPIPE), a stream closed: nothing
+            stream.flush()  # more can be said to it
     os._exit(code)
 
 

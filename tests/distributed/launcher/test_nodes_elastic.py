@@ -1,6 +1,6 @@
 """Launchers of one elastic job (--max-restarts) on several nodes, here all on 127.0.0.1: a node
 whose launcher died is lost at once and the job goes on; a new launcher takes the node back;
-a second claim of a live node is still refused (launcher/nodes.py, launcher/links.py)."""
+a second claim of a live node is still refused (launcher/join.py, heartbeat.py, links.py)."""
 
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ matches them by type:
 - ``Recovered``: an elastic mesh changed epoch; what it cost (``elastic/recovery.py``), sent by
   the new mesh's first rank (again once it synced the fresh ranks);
 - ``Signal``: SIGINT or SIGTERM reached the launcher;
-- ``Verdict`` (``nodes.Verdict``): the job stopped elsewhere (a node lost, a failure on
+- ``Verdict`` (``verdicts.Verdict``): the job stopped elsewhere (a node lost, a failure on
   another node, the store could not be served);
-- ``NodeChange`` (``nodes.NodeChange``, elastic mode): a node was lost, or taken back by a
+- ``NodeChange`` (``roster.NodeChange``, elastic mode): a node was lost, or taken back by a
   new launcher; the job goes on.
 
 Worked example: the report pipe's lines become events with ``from_report_line``::
@@ -29,8 +29,9 @@ import queue
 from dataclasses import dataclass
 
 from ..host.wire import Recovery
-from .nodes import NodeChange, Verdict
 from .rank_ends import RankReport
+from .roster import NodeChange
+from .verdicts import Verdict
 
 __all__ = ["Beat", "Event", "Events", "Exit", "NodeChange", "Recovered", "Report", "Signal",
            "Verdict", "from_report_line"]

@@ -44,7 +44,8 @@ from .events import (
     Verdict,
 )
 from .hangs import HangWatch
-from .nodes import ACK_S, Board
+from .heartbeat import ACK_S
+from .nodes import JobNodes
 from .options import PROG
 from .output import Output
 from .procs import Proc, Threads, join_threads, signal_groups, start_rank, stop_ranks
@@ -163,15 +164,15 @@ def policy_for(spec: LaunchSpec) -> Policy:
 class Job:
     """This node's ranks: processes, and how each one ended.
 
-    ``board`` (several nodes) tells the other nodes when this node's ranks fail, and brings
+    ``nodes`` (several nodes) tells the other nodes when this node's ranks fail, and brings
     their verdicts (a node lost, a failure elsewhere) as ``Verdict`` events.
     """
 
-    def __init__(self, spec: LaunchSpec, out: Output, board: Board | None = None,
+    def __init__(self, spec: LaunchSpec, out: Output, nodes: JobNodes | None = None,
                  warm: Warm | None = None, table: RankTable | None = None):
         self.spec = spec
         self.out = out
-        self.board = board
+        self.nodes = nodes
         self.warm = warm  # the warm server the ranks are forked from (None: plain starts)
         self.table = table  # the rank -> pid file, rewritten at each (re)start (None: none)
         self.events: Events = queue.SimpleQueue()
@@ -186,7 +187,7 @@ class Job:
     def start(self) -> None:
         """Start every rank of this node: as ranks joining a running elastic mesh when this
         launcher took back a lost node (they wait until the members' grow() admits them)."""
-        joining = self.board is not None and self.board.claim > 1
+        joining = self.nodes is not None and self.nodes.claim > 1
         for rank in self.spec.local_ranks:
             self.start_rank(rank, restart=1 if joining else 0)
 
@@ -194,7 +195,7 @@ class Job:
         """Start (or restart) one rank, with a fresh record of how it ends."""
         self.ends[rank] = RankEnd(rank)
         local = rank - self.spec.node_rank * self.spec.nproc_per_node
-        instance = "" if self.board is None else f"{self.board.index}.{self.board.claim}"
+        instance = "" if self.nodes is None else f"{self.nodes.index}.{self.nodes.claim}"
         proc: Proc | None = None
         if self.warm is not None:
             try:
@@ -311,21 +312,21 @@ class Job:
 
         When this node's first failure is a consequence (a RankFailedError: a peer on another
         node died), the cause is that node's to name: its verdict is awaited first, for up to
-        --settle-s + ``nodes.ACK_S`` (the other launcher settles, posts, and we read it). The
+        --settle-s + ``heartbeat.ACK_S`` (the other launcher settles, posts, and we read it). The
         verdict that stands, if another node's, is the one the summary names ("the job stopped
         because node 1 (hostB) failed: rank 5: killed by signal SIGKILL")."""
-        if self.board is None:
+        if self.nodes is None:
             return
         failed = [e for e in self.ends.values() if e.failing()]
-        stands = self.board.verdict
+        stands = self.nodes.verdict
         if stands is None and failed:
             first = first_failure(failed)
             if first.is_consequence():
-                stands = self.board.await_verdict(self.spec.settle_s + ACK_S)
+                stands = self.nodes.await_verdict(self.spec.settle_s + ACK_S)
             if stands is None:
                 what = first.error() or describe_code(first.chosen_code() if first.report
                                                       else first.code or 1)
-                stands = self.board.post("failed", f"node {self.spec.node_rank} "
+                stands = self.nodes.post("failed", f"node {self.spec.node_rank} "
                                          f"({env.hostname()}) failed: rank {first.rank}: "
                                          f"{shorten(what)}")
         elsewhere = stands is not None and (stands.kind != "failed"

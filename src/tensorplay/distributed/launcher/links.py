@@ -22,20 +22,24 @@ from collections.abc import Callable
 from contextlib import suppress
 
 from ..host import netif
+from .bugs import guarded
 
 LOOK_S = 0.5  # how often node 0's link thread looks whether it should stop
 
 
 class Links:
-    """Node 0's side: accept one connection per launcher and watch them all."""
+    """Node 0's side: accept one connection per launcher and watch them all. ``gone(node,
+    claim)`` is called on the link thread; a bug there is reported and handed to
+    ``on_bug`` (``bugs.guarded``)."""
 
-    def __init__(self, addr: str, gone: Callable[[int, int], None]):
+    def __init__(self, addr: str, gone: Callable[[int, int], None],
+                 on_bug: Callable[[str, BaseException], None]):
         self.sock = netif.listen(addr, 0)
         self.port = self.sock.getsockname()[1]
         self._gone = gone
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="tensorplay-run links")
+        self._thread = threading.Thread(target=guarded("node 0's link watch", self._run, on_bug),
+                                        daemon=True, name="tensorplay-run links")
         self._thread.start()
 
     def _run(self) -> None:

@@ -28,11 +28,13 @@ from ..host import env
 from . import handoff, rank_table, store
 from .events import Events, Signal, Verdict
 from .job import Job, policy_for
-from .nodes import Board, JoinError
+from .join import JoinError
+from .nodes import JobNodes
 from .options import PROG, build_parser, check_args
 from .output import Output
 from .procs import stop_ranks
 from .rank_table import RankTable
+from .roster import NodeFlags
 from .spec import LaunchSpec, from_args
 from .warm import Warm
 
@@ -56,11 +58,12 @@ def _signals_to(events: Events) -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def _board(spec: LaunchSpec) -> Board:
-    return Board(nnodes=spec.nnodes, node_rank=spec.node_rank, nproc=spec.nproc_per_node,
-                 host=env.hostname(), addr=spec.master_addr, port=spec.master_port,
-                 grace_s=spec.node_grace_s, join_timeout_s=spec.join_timeout_s,
-                 elastic=spec.elastic)
+def _nodes(spec: LaunchSpec) -> JobNodes:
+    return JobNodes(NodeFlags(nnodes=spec.nnodes, index=spec.node_rank,
+                              nproc=spec.nproc_per_node, host=env.hostname(),
+                              addr=spec.master_addr, port=spec.master_port,
+                              grace_s=spec.node_grace_s, join_timeout_s=spec.join_timeout_s,
+                              elastic=spec.elastic))
 
 
 def launch(spec: LaunchSpec) -> int:
@@ -74,29 +77,29 @@ def launch(spec: LaunchSpec) -> int:
     if spec.serve_store and "TORCH_CPP_LOG_LEVEL" not in os.environ:
         os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"  # torch logs each failed connect with a
         # C++ stack trace: noise in a launcher, which says itself what failed
-    board = _board(spec) if spec.serve_store else None
-    if board is not None and spec.wants_warm():
+    nodes = _nodes(spec) if spec.serve_store else None
+    if nodes is not None and spec.wants_warm():
         store.preload()  # meanwhile the warm process imports torch too (store.preload says why)
     warm = _warm(spec, out)
     table = _table(spec, out)
-    job = Job(spec, out, board if spec.nnodes > 1 else None, warm, table)
+    job = Job(spec, out, nodes if spec.nnodes > 1 else None, warm, table)
     policy = policy_for(spec)
     serving: threading.Thread | None = None
     with _signals_to(job.events):
         try:
-            if board is not None and spec.nnodes > 1:
+            if nodes is not None and spec.nnodes > 1:
                 try:
-                    board.join()
+                    nodes.join()
                 except JoinError as err:
                     out.say(f"error: {err}.")
                     return 1
-                if board.claim > 1:
+                if nodes.claim > 1:
                     out.say(f"this launcher takes back node {spec.node_rank}, which the job "
                             f"declared lost: its ranks start as ranks joining the elastic "
                             f"mesh.")
-                board.watch(job.events.put, job.events.put)
-            elif board is not None:  # one node: serve once a rank asks
-                serving = threading.Thread(target=_serve, args=(board, job.events),
+                nodes.watch(job.events.put, job.events.put)
+            elif nodes is not None:  # one node: serve once a rank asks
+                serving = threading.Thread(target=_serve, args=(nodes, job.events),
                                            name="tensorplay-run store")
                 serving.start()
             job.start()
@@ -109,7 +112,7 @@ def launch(spec: LaunchSpec) -> int:
                         f"{rank_words(stopped) if stopped else 'no rank (none was running)'}.")
                 return 128 + signum
             code = job.conclude(policy)
-            if job.board is not None:
+            if job.nodes is not None:
                 code = _leave(job, code)
             return code
         finally:
@@ -118,11 +121,11 @@ def launch(spec: LaunchSpec) -> int:
                 stop_ranks(job.procs, alive, spec.stop_grace_s, job.events, lambda _event: None)
             if warm is not None and (left := warm.close()) is not None:
                 out.say(f"{left}.")
-            if serving is not None and board is not None:
-                board.stop_asking()
+            if serving is not None and nodes is not None:
+                nodes.stop_asking()
                 serving.join()
-            if board is not None:
-                board.close()
+            if nodes is not None:
+                nodes.close()
             if spec.workdir is not None:
                 shutil.rmtree(spec.workdir, ignore_errors=True)
             if table is not None:
@@ -169,10 +172,10 @@ def ps(argv: list[str]) -> int:
     return code
 
 
-def _serve(board: Board, events: Events) -> None:
+def _serve(nodes: JobNodes, events: Events) -> None:
     """One node: serve the job's store when a rank asks; when it cannot, stop the job."""
     try:
-        board.serve_when_asked()
+        nodes.serve_when_asked()
     except JoinError as err:
         events.put(Verdict("store", 0, str(err)))
 
@@ -180,10 +183,10 @@ def _serve(board: Board, events: Events) -> None:
 def _leave(job: Job, code: int) -> int:
     """Several nodes, this node's ranks ended: tell node 0, or (node 0) serve the store until
     every node is done. A node lost after our ranks succeeded fails the job."""
-    board = job.board
-    assert board is not None
+    nodes = job.nodes
+    assert nodes is not None
     if job.spec.node_rank != 0:
-        board.beat_done()
+        nodes.beat_done()
         return code
     signals: list[int] = []
 
@@ -194,14 +197,14 @@ def _leave(job: Job, code: int) -> int:
                 signals.append(event.signum)
         return bool(signals)
 
-    if board.await_others(interrupted) or code:
+    if nodes.await_others(interrupted) or code:
         return code
     if signals:
         job.out.say(f"got {signal.Signals(signals[0]).name} while the other nodes still used "
                     f"the store this node serves; stopped serving it.")
         return 128 + signals[0]
-    if board.verdict is not None:
-        job.out.say(f"the job stopped because {board.verdict.text}.")
+    if nodes.verdict is not None:
+        job.out.say(f"the job stopped because {nodes.verdict.text}.")
     return 1
 
 
