@@ -308,10 +308,10 @@ class ThreadRanks:
         self.strict = strict
         self._worlds: dict[int, Any] = {}
         from tensorplay.distributed.control import keys as _keys
-        from tensorplay.distributed.host import env
+        from tensorplay.distributed.host import knobs
 
         # every rank on this host, as init_process_group's host exchange would have posted
-        self.store.connection().set(_keys.HOSTS, "\n".join([env.hostname()] * n))
+        self.store.connection().set(_keys.HOSTS, "\n".join([knobs.hostname()] * n))
 
     def world(self, rank: int) -> Any:
         """Rank ``rank``'s World, made on first use: the one place a rank's world is built."""

@@ -29,7 +29,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..errors import CallMismatchError, rank_words
-from ..host import env, netif, wire
+from ..host import launchers, netif, wire
 from . import keys
 from .plane import Board
 
@@ -129,7 +129,7 @@ def _store_gone() -> bool:
     """Whether the job's store (at the launcher's MASTER_ADDR:MASTER_PORT) refuses
     connections: then posting to it would only make torch's client log a failed send with a
     C++ stack trace, which an expected failure must not show."""
-    launch = env.detect()
+    launch = launchers.detect()
     if launch is None or not launch.master_addr or not launch.master_port:
         return False
     return netif.refuses(launch.master_addr, launch.master_port)

@@ -22,7 +22,7 @@ from ..errors import (
     parse_runs,
 )
 from ..geometry.topology import Hosts, hosts_from_names
-from ..host import env, wire
+from ..host import knobs, wire
 from ..job.failures import (
     FIX_FAILED,
     FIX_LATE,
@@ -167,7 +167,7 @@ class StoreControl(StoreBoard):
         operation and O(ranks per host) bytes per rank, O(N) in all. The full list is read
         later, only where needed (``hosts``); rank 0 keeps it.
         """
-        world, store, here = self._world, self._store, env.hostname()
+        world, store, here = self._world, self._store, knobs.hostname()
         with named_failures(world, step):
             if world.rank == 0:
                 entries = [v.decode().split(" ", 1) for v in

@@ -50,7 +50,7 @@ from ..errors import (
 from ..geometry.roles import Roles
 from ..geometry.shrink import shrink
 from ..geometry.spec import MeshSpec
-from ..host import env, wire
+from ..host import knobs, wire
 from ..host.wire import Recovery
 from ..job.failures import dead_on_this_host
 from ..job.lifecycle import leave_unheard
@@ -308,7 +308,7 @@ def token() -> str:
     """How a waiting process names itself: "<pid> <host>", and under a multi-node
     tensorplay-run its launcher's "<node>.<claim>" ("977 hostB 1.2"): members learn its pid
     from it, and whether its node was lost."""
-    return f"{os.getpid()} {env.hostname()} {wire.instance()}".strip()
+    return f"{os.getpid()} {knobs.hostname()} {wire.instance()}".strip()
 
 
 def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, Any], *,

@@ -23,7 +23,7 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from ..control import keys
-from ..host import env, wire
+from ..host import knobs, wire
 from ..host.wire import Recovery
 from .chain import board_of, finish
 
@@ -55,7 +55,7 @@ class Session:
         self.shape = tuple(decision["shape"])
         for rank, who in decision.get("admitted", {}).items():
             pid, host = who.split()[:2]
-            self._world.note_admitted(int(rank), int(pid), host == env.hostname(),
+            self._world.note_admitted(int(rank), int(pid), host == knobs.hostname(),
                                       wire.instance_of(who))
 
     def record(self, recovery: Recovery, first: bool) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 from ..errors import ArgumentError, rank_words
-from ..host import env
+from ..host import knobs
 from . import handoff, store
 from .events import Events, Signal, Verdict
 from .job import Job, policy_for
@@ -57,7 +57,7 @@ def _signals_to(events: Events) -> Iterator[None]:
 
 def _board(spec: LaunchSpec) -> Board:
     return Board(nnodes=spec.nnodes, node_rank=spec.node_rank, nproc=spec.nproc_per_node,
-                 host=env.hostname(), addr=spec.master_addr, port=spec.master_port,
+                 host=knobs.hostname(), addr=spec.master_addr, port=spec.master_port,
                  grace_s=spec.node_grace_s, join_timeout_s=spec.join_timeout_s,
                  elastic=spec.elastic)
 
