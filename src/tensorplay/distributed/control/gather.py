@@ -1,4 +1,4 @@
-"""The control planes that need no store (``_control`` declares the verbs).
+"""The control planes that need no store (``control/plane.py`` declares the verbs).
 
 ``GatherControl``: every verb over an engine's all-gather of short texts on a communicator user
 code never sees (the MPI engine's control communicator), called in step by every rank.

@@ -1,12 +1,13 @@
 """What an elastic job keeps in one world: the newest mesh's shape, the watcher, the finish.
 
-One ``Session`` per world, attached through the world's two hooks and nothing else:
-``World.layer("elastic", ...)`` holds it, ``World.at_destroy`` runs its ``finish`` and
-``World.expect_losses`` tells the failure wording that a lost rank is recovered here, not
-fatal (``_failures`` then advises ``mesh.recover(err)`` and compares no call counts).
+One ``Session`` per world, attached through the world's hooks: ``World.layer("elastic",
+...)`` holds it, ``World.at_destroy`` runs its ``finish``, ``World.expect_losses`` tells the
+failure wording that a lost rank is recovered here, not fatal (``job/failures.py`` then
+advises ``mesh.recover(err)`` and compares no call counts), and ``World.note_admitted``
+records a restarted rank's process.
 
 The watcher: when a recovery of the current epoch begins anywhere, or the launcher says a
-node holding members of it was lost (``_losses``; not members admitted since from a new
+node holding members of it was lost (``wire.naming``; not members admitted since from a new
 launcher of that node, which this rank's launcher may hear of only after they joined), it
 breaks this rank's groups of that epoch (``World.sever_epoch``). A rank blocked in a
 collective whose peer never comes (stalled, or blocked itself) then fails at once and comes

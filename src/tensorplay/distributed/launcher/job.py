@@ -318,8 +318,8 @@ class Job:
 
     def note_change(self, change: NodeChange, running: set[int]) -> None:
         """Elastic mode: another node was lost or taken back. Say so, and tell this node's
-        ranks (``_losses``): a recovery counts a lost node's ranks as dead, and no rank
-        waits for them."""
+        ranks (``wire.write``; they read ``wire.lost_ranks``): a recovery counts a lost
+        node's ranks as dead, and no rank waits for them."""
         self.node_changes.append(change)
         if change.kind == "lost":
             here = rank_words(sorted(running)) if running else "no rank"
@@ -341,7 +341,7 @@ class Job:
 
     def tell_ranks(self, verdict: Verdict) -> None:
         """Write the verdict where this node's ranks look while they wait in a cross-rank
-        check (``_failures.VERDICT_FILE``): they raise RankFailedError saying it."""
+        check (``wire.VERDICT_FILE``): they raise RankFailedError saying it."""
         path = self.spec.verdict_file
         if not path:
             return

@@ -6,7 +6,7 @@ to it for the join and the heartbeats. Its one implementation is torch's TCPStor
 that a launcher that never serves one never loads torch. Worked example (node 0, then a
 client, as ``nodes.Board`` does)::
 
-    listener = _netif.listen("127.0.0.1", 29500)
+    listener = netif.listen("127.0.0.1", 29500)
     server = serve(listener, "127.0.0.1", 29500, timeout_s=300)
     client = connect("127.0.0.1", 29500, timeout_s=2)
     client.add("tensorplay-run/beat/1", 1)          # -> 1
