@@ -28,7 +28,8 @@ does not define its methods (no stub raises); the caller that needs it raises ou
   of our mesh, on our groups; ``mesh_from_native()`` describes one of its own as a
   ``NativeMesh`` for ``DeviceMesh.from_torch()`` to adopt. Only the torch engine.
 - ``Severable``: what an elastic recovery needs of the engine: ``prepare_elastic()``,
-  ``sever()`` (break a group's connections from any thread) and ``close_group()``. Only the
+  ``sever()`` (break a group's connections from any thread), ``close_group()`` and
+  ``set_timeout()`` (a group made within a bound gets the world's timeout back). Only the
   torch engine; without it a world makes no elastic mesh, and an epoch's groups are retired
   without engine calls.
 - ``GathersText``: ``allgather_text()``, an all-gather of short texts over the whole world on
