@@ -3,11 +3,8 @@ checked on its own (a bad value names the variable, the value and the fix)."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 
-from tensorplay.distributed.errors import LaunchEnvError
 from tensorplay.distributed.host import knobs
 from tensorplay.distributed.host.knobs import (
     DEFAULT_PROGRESS_S,
@@ -18,16 +15,7 @@ from tensorplay.distributed.host.knobs import (
     strict_from_env,
     timeout_from_env,
 )
-
-
-@contextlib.contextmanager
-def raises_naming(*needles: str):
-    """Expect a LaunchEnvError whose message contains every needle, in any order."""
-    with pytest.raises(LaunchEnvError) as caught:
-        yield caught
-    missing = [n for n in needles if n not in str(caught.value)]
-    assert not missing, f"{missing} not in message: {caught.value}"
-
+from tests.distributed.host.test_launchers import raises_naming
 
 # --- TENSORPLAY_TIMEOUT, TENSORPLAY_HOSTNAME ---------------------------------------------------
 
