@@ -1,6 +1,6 @@
 """The one in-memory store of the tests, and ranks run as threads over it.
 
-``MemoryStore`` meets the package's Store Protocol (``_engine.Store``) as torch's c10d store
+``MemoryStore`` meets the package's Store Protocol (``protocol.Store``) as torch's c10d store
 does: values are set as str or bytes and read as bytes; ``get`` and ``multi_get`` wait until
 their keys are set, bounded by the store's timeout (``timeout``, ``set_timeout``); a wait that
 expires raises RuntimeError worded as torch's ("... timeout ..."), which the torch engine's
@@ -238,7 +238,7 @@ class ThreadOps:
 
 
 class ThreadEngine:
-    """An engine (``_engine.Engine``) for worlds whose ranks are threads: it has a store, is
+    """An engine (``protocol.Engine``) for worlds whose ranks are threads: it has a store, is
     not simulated, words failures as the torch engine does (its ``classify``), and runs the
     collectives of ``ThreadOps`` (on any group: ``world.group(Ranks.of([...]))``).
     ``meets = True``: making a group waits until all its members make it, as gloo's does
@@ -308,10 +308,10 @@ class ThreadRanks:
         self.strict = strict
         self._worlds: dict[int, Any] = {}
         from tensorplay.distributed.control import keys as _keys
-        from tensorplay.distributed.host import env
+        from tensorplay.distributed.host import knobs
 
         # every rank on this host, as init_process_group's host exchange would have posted
-        self.store.connection().set(_keys.HOSTS, "\n".join([env.hostname()] * n))
+        self.store.connection().set(_keys.HOSTS, "\n".join([knobs.hostname()] * n))
 
     def world(self, rank: int) -> Any:
         """Rank ``rank``'s World, made on first use: the one place a rank's world is built."""

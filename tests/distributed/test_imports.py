@@ -34,7 +34,7 @@ TORCH_ENGINE = {"backends/torch_c10d.py", "backends/torch_collectives.py",
                 "tensor/__init__.py", "tensor/parallel.py",
                 # torch's FSDP2 on our mesh: the same kind of adapter
                 "fsdp/__init__.py"}
-# torch tensors are first-class buffers on every engine: _arrays recognises one (through
+# torch tensors are first-class buffers on every engine: backends/arrays.py recognises one (through
 # sys.modules, never importing torch), so it may say "torch"
 NAMES_ALLOWED = {"backends/arrays.py"}
 

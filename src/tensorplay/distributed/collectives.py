@@ -2,7 +2,7 @@
 
 Each call resolves its group, checks what is the same for every engine (membership, src and
 dst ranks, who passes the lists) and hands the rest to the collectives the engine bound to the
-group (``group.ops``, an ``_engine.GroupOps``), which check and move the buffers. ``src``/``dst``
+group (``group.ops``, a ``protocol.GroupOps``), which check and move the buffers. ``src``/``dst``
 are global ranks, as in torch.distributed. In a simulated world every collective returns at
 once, after the same checks.
 """

@@ -52,7 +52,7 @@ def init_device_mesh(
     One -1 in mesh_shape is inferred from the world size.
 
     mesh_dim_roles={"dp_shard": "shard", "tp": "tensor"} says what dims are for (roles in
-    ``_roles.ROLES``); slices, flatten and reshape carry them, describe() shows them and
+    ``roles.ROLES``); slices, flatten and reshape carry them, describe() shows them and
     ``mesh.abstract`` (names, sizes, roles) identifies the mesh without its ranks.
 
     eager_groups: when communicators are made. By default (None, and

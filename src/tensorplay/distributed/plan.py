@@ -11,12 +11,12 @@ draws it; --host-aware lays ranks out host by host first (on --hosts 2 --round-r
 (4, 4) mesh becomes [0, 2, ..., 14, 1, 3, ..., 15] and its "tp" groups stay inside one host;
 with --elastic dp, a host lost then costs 2 of the 4 "dp" slices, not all 4).
 
-A plan is geometry and text, so no world is started: the arguments are checked by _mesh_args
+A plan is geometry and text, so no world is started: the arguments are checked by mesh/args.py
 as init_device_mesh checks them, the mesh is the MeshSpec init_device_mesh would build (row
-major, or _topology.host_aware_order), the hosts are simulated, and _describe / _plot report
-it. Nothing here imports torch, the world or device_mesh, so a million-rank plan
-(--shape -1,8,8 --world 1048576) costs a second of numpy and device_mesh's __main__ can call
-main() without an import cycle.
+major, or geometry/topology.py's host_aware_order), the hosts are simulated, and
+geometry/describe.py and geometry/plot.py report it. Nothing here imports torch, the world or
+device_mesh, so a million-rank plan (--shape -1,8,8 --world 1048576) costs a second of numpy
+and device_mesh's __main__ can call main() without an import cycle.
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ class ProcessGroup:
         # the engine's collectives for this group: set by the world on a member, None when
         # this rank cannot use the group (usable() then says why)
         self.ops: GroupOps | None = None
-        self.calls = 0  # collectives this rank made on the group (_accounting compares them)
+        self.calls = 0  # collectives this rank made on the group (control/accounting.py compares)
         # set by the world on a member whose engine group is not made yet: makes it (given
         # the call that needs it), binds ``ops`` and clears itself
         self.maker: Callable[[str], None] | None = None

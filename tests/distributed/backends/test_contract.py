@@ -1,4 +1,4 @@
-"""The engine contract: every registered engine meets the core Protocol (``_engine.Engine``)
+"""The engine contract: every registered engine meets the core Protocol (``protocol.Engine``)
 and each optional capability it claims, member for member, with the Protocol's parameter
 names; no engine stubs what it lacks ("unreachable", AssertionError); and a capability an
 engine lacks is our typed error where the package needs it, naming the engine.

@@ -1,4 +1,4 @@
-"""Collective accounting (``_accounting``): a stray collective never goes unnamed.
+"""Collective accounting (``control/accounting.py``): a stray collective never goes unnamed.
 
 The stray case is the one a user met: on a (2, 4) "dp" x "tp" mesh of 8 gloo ranks, rank 0
 makes one extra all_reduce on the "tp" group inside the training loop. Its sums are silently

@@ -1,4 +1,5 @@
-"""The cross-rank check's protocol (``_consensus``), run by threads that share one in-memory store.
+"""The cross-rank check's protocol (``control/consensus.py``), run by threads that share one
+in-memory store.
 
 Each thread plays one rank of a world over a ``tests.fakes.MemoryStore`` (``ThreadRanks``), so
 the whole exchange runs without processes: digests, rank 0's verdict, the mismatch texts, the

@@ -1,7 +1,7 @@
-"""Strict mode (``_strict``): before each collective the members compare what they call, and a
-difference is one CallMismatchError, worded alike on every member, naming who called what and
-where. Four ranks as threads (``tests.fakes.ThreadRanks(strict=True)``): their collectives meet
-across the threads, and the words travel through the in-memory store."""
+"""Strict mode (``control/strict.py``): before each collective the members compare what they call,
+and a difference is one CallMismatchError, worded alike on every member, naming who called what
+and where. Four ranks as threads (``tests.fakes.ThreadRanks(strict=True)``): their collectives
+meet across the threads, and the words travel through the in-memory store."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from tensorplay.distributed.errors import (
     StaleEpochError,
     UnknownDimError,
 )
-from tensorplay.distributed.host import env
+from tensorplay.distributed.host import knobs
 from tests import timing
 from tests.fakes import MemoryStore, ThreadRanks
 
@@ -125,7 +125,7 @@ def test_a_token_of_a_process_gone_from_this_host_is_not_admitted():
     it (the new epoch's groups would wait for a dead process), until a live one replaces it."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    here = env.hostname()
+    here = knobs.hostname()
     store = StoreBoard(MemoryStore())
     for spare in (4, 6, 7):
         _elastic.want(store, spare, f"{os.getpid()} {here}")
@@ -266,7 +266,7 @@ def test_a_rank_admitted_that_died_before_it_entered_is_lost_at_once(monkeypatch
     monkeypatch.setattr(_elastic, "ENTER_S", bound_s)
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
-    back = {**BACK, "admitted": {"3": f"{child.pid} {env.hostname()}"}}
+    back = {**BACK, "admitted": {"3": f"{child.pid} {knobs.hostname()}"}}
     began = time.monotonic()
     out = ThreadRanks(4).run(_grow_without_rank_3, back)
     assert time.monotonic() - began < bound_s

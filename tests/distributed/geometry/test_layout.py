@@ -1,4 +1,4 @@
-"""Laws of _layout.Layout and fit(), checked against a brute-force numpy reference.
+"""Laws of geometry/layout.py's Layout and fit(), checked against a brute-force numpy reference.
 
 The reference for a layout is the array of positions it should enumerate: np.arange(N)
 reshaped to the layout's shape (plus an offset), then indexed, transposed and reshaped the way

@@ -1,4 +1,4 @@
-"""Laws of _mesh_spec.MeshSpec and Ranks, checked against the rank array held in numpy.
+"""Laws of geometry/spec.py's MeshSpec and Ranks, checked against the rank array held in numpy.
 
 Every case is a numpy array of distinct ranks (row-major, strided subsets, permutations such as
 [[3, 1], [2, 0]], random subsets); the spec built from it must answer every question the way

@@ -1,4 +1,4 @@
-"""_procfs: a process's state, children and command line as /proc gives them."""
+"""host/procfs.py: a process's state, children and command line as /proc gives them."""
 
 from __future__ import annotations
 

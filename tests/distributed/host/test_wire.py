@@ -1,4 +1,4 @@
-"""The launcher's record of lost nodes as ranks read it (``_losses``), and what reads it: the
+"""The launcher's record of lost nodes as ranks read it (``host/wire.py``), and what reads it: the
 join tokens of a lost node's processes are dead (``elastic/chain._gone``)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How failures are worded (``_failures``): who died, who is missing, and who only raised.
+"""How failures are worded (``job/failures.py``): who died, who is missing, and who only raised.
 
 Ranks are threads over one in-memory store (``tests.fakes.ThreadRanks``); a rank "died" when its
 pid in ``host_pids`` is that of a process that has exited. The same in real gloo jobs (a

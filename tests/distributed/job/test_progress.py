@@ -1,4 +1,4 @@
-"""A call that lasts says what it waits in (``_progress``), once, and a quick one says nothing.
+"""A call that lasts says what it waits in (``job/progress.py``), once; a quick one says nothing.
 
 In this process: the test's main thread is rank 0 of two ranks run as threads
 (``tests.fakes.ThreadRanks``); its all_reduce waits for rank 1, which comes late."""

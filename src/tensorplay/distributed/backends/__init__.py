@@ -20,7 +20,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendError
-from ..host import env as _env
+from ..host import launchers
 
 if TYPE_CHECKING:
     from .protocol import Engine, Running
@@ -65,7 +65,7 @@ def default_backend() -> str:
     """The backend a world starts on when the user names none: MPI's under mpiexec or
     mpirun when no MASTER_ADDR asks for a torch rendezvous, else torch's (nccl with CUDA,
     else gloo); whichever of the two is installed when only one is."""
-    launch = _env.detect()
+    launch = launchers.detect()
     order = ["torch_c10d", "mpi"]
     if launch is not None and launch.source in _MPI_LAUNCHERS and launch.master_addr is None:
         order.reverse()

@@ -81,7 +81,7 @@ class FakeGroupOps:
 
 
 class FakeEngine:
-    """The simulated engine (``_engine.Engine``, no capability): no processes, no store, no
+    """The simulated engine (``protocol.Engine``, no capability): no processes, no store, no
     engine groups; so no mesh objects of its own (``NativeMeshes``) and nothing to sever
     (``Severable``)."""
 

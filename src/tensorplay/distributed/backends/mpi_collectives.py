@@ -1,4 +1,4 @@
-"""The collectives of one MPI communicator (``_engine.GroupOps``): numpy arrays and CPU tensors.
+"""The collectives of one MPI communicator (``protocol.GroupOps``): numpy arrays and CPU tensors.
 
 A numpy array, or a CPU torch tensor seen through ``.numpy()``, is handed to MPI as it is:
 results land in the caller's memory without a copy (a non-contiguous one is copied in and

@@ -12,7 +12,7 @@ The core, ``Engine``, is what every engine has, in the order a job uses it:
 2. ``new_group()`` makes the group of some ranks, in the given order, on its members only
    (``ProcessGroup`` wraps it); ``ops()`` binds the collectives to one such group;
 3. ``classify()`` says what one of the engine's exceptions means (a timeout, a lost peer);
-   ``_failures`` turns that into our errors, worded alike for every engine;
+   ``job/failures.py`` turns that into our errors, worded alike for every engine;
 4. ``destroy()`` leaves the world;
 
 and the lookups every engine answers: ``default_backend``, ``check_available``,
@@ -28,12 +28,13 @@ does not define its methods (no stub raises); the caller that needs it raises ou
   of our mesh, on our groups; ``mesh_from_native()`` describes one of its own as a
   ``NativeMesh`` for ``DeviceMesh.from_torch()`` to adopt. Only the torch engine.
 - ``Severable``: what an elastic recovery needs of the engine: ``prepare_elastic()``,
-  ``sever()`` (break a group's connections from any thread) and ``close_group()``. Only the
+  ``sever()`` (break a group's connections from any thread), ``close_group()`` and
+  ``set_timeout()`` (a group made within a bound gets the world's timeout back). Only the
   torch engine; without it a world makes no elastic mesh, and an epoch's groups are retired
   without engine calls.
 - ``GathersText``: ``allgather_text()``, an all-gather of short texts over the whole world on
   a communicator user code never sees: what a world without a store runs its control plane
-  on (``_control_gather.GatherControl``), and ``tell_ended()``, which tells the members of
+  on (``gather.GatherControl``), and ``tell_ended()``, which tells the members of
   this rank's groups its final call counts as it ends, so that a member stuck in a stray
   call names it at once. Only the MPI engine.
 
@@ -41,7 +42,7 @@ does not define its methods (no stub raises); the caller that needs it raises ou
 "does it have a store?", never "is it torch?". The MPI engine (no store, numpy buffers) meets
 the same core: ``start`` is MPI's init, ``new_group`` one ``Create_group`` per group, ``ops``
 calls the communicator's collectives. What the ranks decide together goes through the
-world's control plane (``_control``): over the store where the engine has one, else over the
+world's control plane (``control/plane.py``): over the store where the engine has one, else over the
 engine's ``allgather_text`` (``GathersText``), bounded by the world's timeout.
 """
 
@@ -206,7 +207,7 @@ class Engine(Protocol):
         timeout: timedelta,
         master: tuple[str, int] | None,
     ) -> Started:
-        """Join the world; post this rank's join mark (``_keys.JOINED``) in the store."""
+        """Join the world; post this rank's join mark (``keys.JOINED``) in the store."""
         ...
 
     def running(self) -> Running | None:
@@ -234,7 +235,7 @@ class Engine(Protocol):
         """The collectives of ``group`` (whose engine group is ``engine_group``) on a member.
 
         ``failed(err, what)`` gives the error to raise for the engine's exception ``err`` in
-        collective ``what`` (worded by ``_failures``).
+        collective ``what`` (worded by ``job/failures.py``).
         """
         ...
 

@@ -1,7 +1,7 @@
 """torch's TCPStore, served on one address only: for rank 0's world and for tensorplay-run.
 
 ``TCPStore(is_master=True)`` alone listens on every interface of the machine. We bind the
-socket ourselves (``_netif.listen``) to the address the job was given (MASTER_ADDR, or
+socket ourselves (``netif.listen``) to the address the job was given (MASTER_ADDR, or
 tensorplay-run's --master-addr: loopback on one node) and hand it over
 (``master_listen_fd``), so the store is reachable from where the ranks are and from nowhere
 else. ``connect`` is a client with its

@@ -3,7 +3,7 @@
 A stray collective (one rank calls all_reduce once more than its peers) pairs with the peers'
 next call: gloo and NCCL move the bytes and every later sum is silently wrong. Counting costs
 one integer increment per call (``group.calls``, in ``collectives.py``). The counts are
-compared over the world's control plane (``_control``) when the job ends or fails:
+compared over the world's control plane (``control/plane.py``) when the job ends or fails:
 
 - ``destroy_process_group()``: each rank first hands its final counts to the control plane
   (``Control.ending``; over an engine's all-gather, whose blocked calls cannot fail, a member
@@ -29,7 +29,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..errors import CallMismatchError, rank_words
-from ..host import env, netif, wire
+from ..host import launchers, netif, wire
 from . import keys
 from .plane import Board
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tensorplay.distributed")
 GRACE_S = 2.0  # how long a group's first member waits for the others' counts at the end
 _LARGEST = 4096  # groups larger than this are not compared (reading N counts costs O(N))
-EXCHANGE = "calls"  # the name of the counts' exchange (``_keys.EXCHANGE``)
+EXCHANGE = "calls"  # the name of the counts' exchange (``keys.EXCHANGE``)
 
 
 def _counts(groups: list[ProcessGroup]) -> str:
@@ -129,7 +129,7 @@ def _store_gone() -> bool:
     """Whether the job's store (at the launcher's MASTER_ADDR:MASTER_PORT) refuses
     connections: then posting to it would only make torch's client log a failed send with a
     C++ stack trace, which an expected failure must not show."""
-    launch = env.detect()
+    launch = launchers.detect()
     if launch is None or not launch.master_addr or not launch.master_port:
         return False
     return netif.refuses(launch.master_addr, launch.master_port)

@@ -1,7 +1,7 @@
 """Cross-rank agreement: before a mesh creates a group, every rank checks it was asked the same.
 
-One path for every engine, over the world's control plane (``_control``): each rank's request
-is written as JSON (sorted keys) and its 128-bit digest is tallied (``Control.tally``); when
+One path for every engine, over the world's control plane (``control/plane.py``): each rank's
+request is written as JSON (sorted keys) and its 128-bit digest is tallied (``Control.tally``); when
 every rank passed the same digest, the check is over. On a store that costs a few round trips
 and no collective (rank 0 reads every digest; the others read one outcome); on MPI one
 all-gather of digests on the control communicator. On a difference, the first rank of each of

@@ -1,4 +1,4 @@
-"""The control planes that need no store (``_control`` declares the verbs).
+"""The control planes that need no store (``control/plane.py`` declares the verbs).
 
 ``GatherControl``: every verb over an engine's all-gather of short texts on a communicator user
 code never sees (the MPI engine's control communicator), called in step by every rank.
@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 from ..geometry.topology import Hosts, hosts_from_names
-from ..host import env
+from ..host import knobs
 from ..job.failures import named_failures
 from .plane import Tally
 
@@ -48,7 +48,7 @@ class SoloControl:
         return {}
 
     def hosts(self) -> Hosts:
-        return Hosts.blocks(self._world.size, 1, names=[env.hostname()])
+        return Hosts.blocks(self._world.size, 1, names=[knobs.hostname()])
 
     def known_hosts(self) -> Hosts | None:
         return None
@@ -101,7 +101,7 @@ class GatherControl:
     def meet_hosts(self, step: str) -> dict[int, int]:
         pairs = [t.split(" ", 1) for t in self._gather(_joined_mark(), step)]
         self._hosts = hosts_from_names([host for _, host in pairs])
-        here = env.hostname()
+        here = knobs.hostname()
         return {rank: int(pid) for rank, (pid, host) in enumerate(pairs) if host == here}
 
     def hosts(self) -> Hosts:
@@ -122,4 +122,4 @@ class GatherControl:
 
 def _joined_mark() -> str:
     """What a rank says of itself as it joins: "<pid> <host>"."""
-    return f"{os.getpid()} {env.hostname()}"
+    return f"{os.getpid()} {knobs.hostname()}"

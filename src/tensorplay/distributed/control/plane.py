@@ -17,7 +17,7 @@ chain of epochs) is written once, against ``Control``; each world has one, chose
   can disagree.
 
 The verbs, each called by every member in the same order (SPMD; the store keys of call #n are
-met only by call #n elsewhere, see ``_keys``):
+met only by call #n elsewhere, see ``control/keys.py``):
 
 - ``tally(step, text)``: every member's text compared; the members grouped by equal text, the
   same answer on every member: ``[[0, 1, 2, 3]]`` when all agree, ``[[0, 2], [1, 3]]`` when

@@ -1,4 +1,4 @@
-"""The control plane over the job's key-value store (``_control`` declares the verbs).
+"""The control plane over the job's key-value store (``control/plane.py`` declares the verbs).
 
 The torch engine's TCPStore (rank 0's, or the launcher's) carries every cross-rank protocol:
 rank 0 judges, every other rank makes O(1) round trips, so a check of 100,000 ranks reads
@@ -22,7 +22,7 @@ from ..errors import (
     parse_runs,
 )
 from ..geometry.topology import Hosts, hosts_from_names
-from ..host import env, wire
+from ..host import knobs, wire
 from ..job.failures import (
     FIX_FAILED,
     FIX_LATE,
@@ -156,18 +156,18 @@ class StoreControl(StoreBoard):
 
     def ending(self, counts: Mapping[str, tuple[Sequence[int], int]]) -> None:
         """Nothing to tell: a member stuck in a stray call fails when this rank's connections
-        close, and reads the counts posted here (``_accounting.check_after_failure``)."""
+        close, and reads the counts posted here (``accounting.check_after_failure``)."""
 
     def meet_hosts(self, step: str) -> dict[int, int]:
         """rank -> pid of the ranks on this host.
 
-        Each rank posted "<pid> <host>" as it joined (``_keys.JOINED``); rank 0 reads them all
+        Each rank posted "<pid> <host>" as it joined (``keys.JOINED``); rank 0 reads them all
         with one multi_get and posts, with one multi_set, every host's rank:pid list and the
         list of all host names. Every other rank reads only its own host's list: 1 store
         operation and O(ranks per host) bytes per rank, O(N) in all. The full list is read
         later, only where needed (``hosts``); rank 0 keeps it.
         """
-        world, store, here = self._world, self._store, env.hostname()
+        world, store, here = self._world, self._store, knobs.hostname()
         with named_failures(world, step):
             if world.rank == 0:
                 entries = [v.decode().split(" ", 1) for v in
@@ -199,7 +199,7 @@ class StoreControl(StoreBoard):
     def arrivals(self, step: str, name: str, ranks: Sequence[int], n: int) -> Iterator[None]:
         """A blocking wait (barrier #n of the group ``name`` of ``ranks``) whose timeout names
         the members that never arrived: a wait that lasts posts this rank's mark
-        (``_arrivals``)."""
+        (``control/arrivals.py``)."""
         world, store, group = self._world, self._store, name
         mark = world.spmd.key(_keys.BARRIER_MARK, group=group, n=n, rank=world.rank)
         _arrivals.begin(store, mark)

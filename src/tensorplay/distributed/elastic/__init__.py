@@ -5,9 +5,13 @@
   ``sync_replicas``;
 - ``chain``: the chain of epochs on the world's Board (what follows each epoch, written once);
 - ``session``: what an elastic job keeps in one world (the watcher, the finish at destroy);
-- ``survivors``: the lost ranks, the same on every survivor; ``shrink``: the geometry, pure;
-- ``recovery``: what an epoch change cost (``mesh.last_recovery``, the launcher's summary).
+- ``survivors``: the lost ranks, the same on every survivor.
 
-The static core offers it hooks and nothing else: ``World.open_epoch``, ``World.layer``,
-``World.at_destroy``, ``World.expect_losses``, ``World.note_admitted``, ``World.sever_epoch``.
+What it stands on, and calls: the geometry (``geometry/shrink.py``: ``shrink`` and ``grow``,
+pure), the record of an epoch change (``host/wire.py``'s ``Recovery``, ``mesh.last_recovery``
+and the launcher's summary), the control plane (``control/consensus.py``'s ``agree``, a
+``Board``), the mesh value (``mesh/value.py``: ``DeviceMesh`` and its group making), and the
+world: ``World.open_epoch``, ``layer``, ``at_destroy``, ``expect_losses``, ``note_admitted``,
+``sever_epoch``, ``close_epoch``, ``let_go``, ``hosts``, ``members``, and
+``job/lifecycle.py``'s ``leave_unheard``.
 """

@@ -49,7 +49,7 @@ from ..control import keys
 from ..control.plane import Board
 from ..errors import DistributedTimeoutError, ShrinkError
 from ..geometry.shrink import grow
-from ..host import env, procfs, wire
+from ..host import knobs, procfs, wire
 
 if TYPE_CHECKING:
     from ..job.world import World
@@ -147,10 +147,10 @@ def _growth(board: Board, plan: Elastic, members: set[int]) -> dict[str, Any]:
 def _gone(token: str) -> bool:
     """Whether the process a want token names (``"<pid> <host> [<node>.<claim>]"``) is gone:
     on this host, no longer running; on another host, its node was declared lost by the
-    launchers (``_losses``: "977 hostB 1.1" once node 1's first launcher is lost). Any other
+    launchers (``wire.gone``: "977 hostB 1.1" once node 1's first launcher is lost). Any other
     process on another host is taken as alive (its launcher's heartbeat judges it)."""
     pid, host = (token.split() + ["", ""])[:2]
-    if host == env.hostname():
+    if host == knobs.hostname():
         return pid.isdigit() and not procfs.alive(int(pid))
     return wire.gone(token)
 

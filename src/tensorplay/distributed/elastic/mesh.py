@@ -50,7 +50,7 @@ from ..errors import (
 from ..geometry.roles import Roles
 from ..geometry.shrink import shrink
 from ..geometry.spec import MeshSpec
-from ..host import env, wire
+from ..host import knobs, wire
 from ..host.wire import Recovery
 from ..job.failures import dead_on_this_host
 from ..job.lifecycle import leave_unheard
@@ -94,7 +94,7 @@ class ElasticMesh(DeviceMesh):
     def last_recovery(self) -> Recovery | None:
         """What the epoch change that opened this mesh cost on this rank (lost and joined
         ranks, seconds detecting, agreeing, rebuilding groups, syncing): None at epoch 0.
-        See ``elastic/recovery.py``."""
+        See ``host/wire.py``'s ``Recovery``."""
         return self._session.recovery_of(self._plan.epoch)
 
     @property
@@ -261,7 +261,7 @@ def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float | None = Non
 
 def _seen_dead(world: World) -> list[int]:
     """The ranks this rank knows are gone: their process ended on this host, or the launcher
-    declared their node lost (and no newer launcher of it runs them, ``_losses``)."""
+    declared their node lost (and no newer launcher of it runs them, ``wire.lost_ranks``)."""
     return ([r for r, _ in dead_on_this_host(world, 0.0)]
             + wire.lost_ranks(world.admitted_from))
 
@@ -308,7 +308,7 @@ def token() -> str:
     """How a waiting process names itself: "<pid> <host>", and under a multi-node
     tensorplay-run its launcher's "<node>.<claim>" ("977 hostB 1.2"): members learn its pid
     from it, and whether its node was lost."""
-    return f"{os.getpid()} {env.hostname()} {wire.instance()}".strip()
+    return f"{os.getpid()} {knobs.hostname()} {wire.instance()}".strip()
 
 
 def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, Any], *,

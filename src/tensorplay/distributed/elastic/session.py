@@ -1,12 +1,13 @@
 """What an elastic job keeps in one world: the newest mesh's shape, the watcher, the finish.
 
-One ``Session`` per world, attached through the world's two hooks and nothing else:
-``World.layer("elastic", ...)`` holds it, ``World.at_destroy`` runs its ``finish`` and
-``World.expect_losses`` tells the failure wording that a lost rank is recovered here, not
-fatal (``_failures`` then advises ``mesh.recover(err)`` and compares no call counts).
+One ``Session`` per world, attached through the world's hooks: ``World.layer("elastic",
+...)`` holds it, ``World.at_destroy`` runs its ``finish``, ``World.expect_losses`` tells the
+failure wording that a lost rank is recovered here, not fatal (``job/failures.py`` then
+advises ``mesh.recover(err)`` and compares no call counts), and ``World.note_admitted``
+records a restarted rank's process.
 
 The watcher: when a recovery of the current epoch begins anywhere, or the launcher says a
-node holding members of it was lost (``_losses``; not members admitted since from a new
+node holding members of it was lost (``wire.naming``; not members admitted since from a new
 launcher of that node, which this rank's launcher may hear of only after they joined), it
 breaks this rank's groups of that epoch (``World.sever_epoch``). A rank blocked in a
 collective whose peer never comes (stalled, or blocked itself) then fails at once and comes
@@ -23,7 +24,7 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from ..control import keys
-from ..host import env, wire
+from ..host import knobs, wire
 from ..host.wire import Recovery
 from .chain import board_of, finish
 
@@ -55,7 +56,7 @@ class Session:
         self.shape = tuple(decision["shape"])
         for rank, who in decision.get("admitted", {}).items():
             pid, host = who.split()[:2]
-            self._world.note_admitted(int(rank), int(pid), host == env.hostname(),
+            self._world.note_admitted(int(rank), int(pid), host == knobs.hostname(),
                                       wire.instance_of(who))
 
     def record(self, recovery: Recovery, first: bool) -> None:

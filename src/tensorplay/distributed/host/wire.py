@@ -77,11 +77,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import format_ranks
-from . import env
+from . import launchers
 
 LOSSES_FILE = "TENSORPLAY_RUN_LOSSES_FILE"  # set by tensorplay-run on several nodes
 VERDICT_FILE = "TENSORPLAY_RUN_VERDICT_FILE"  # the launcher's verdict: why the job stops, and
-# the ranks of the node it lost, if one (read by ``_failures`` while a rank waits)
+# the ranks of the node it lost, if one (read by ``job/failures.py`` while a rank waits)
 TENSORPLAY_RESTART_COUNT = "TENSORPLAY_RESTART_COUNT"  # set by tensorplay-run's elastic mode
 # "<pid>:<fd>": the rank's report pipe to tensorplay-run, usable by that process only (set by
 # launcher/rank_main.py; the fd is not inherited, so a subprocess must not write to its number)
@@ -184,7 +184,7 @@ def rank_restart_count(environ: Mapping[str, str] | None = None) -> int:
     with the job). A restarted rank joins the running job's elastic mesh instead of starting
     one (torchrun restarts the whole world instead: TORCHELASTIC_RESTART_COUNT)."""
     raw = (os.environ if environ is None else environ).get(TENSORPLAY_RESTART_COUNT, "").strip()
-    return env.as_int(TENSORPLAY_RESTART_COUNT, raw, 0) if raw else 0
+    return launchers.as_int(TENSORPLAY_RESTART_COUNT, raw, 0) if raw else 0
 
 
 def tell_launcher(event: str, **fields: object) -> bool:

@@ -1,13 +1,14 @@
 """The job as a cross-rank helper sees it: a narrow, read-only view of the World.
 
-The helpers that word failures (``_failures``), check arguments across ranks
-(``_consensus``), count calls (``_accounting``), watch progress (``_progress``) and carry the
-control plane (``_control_store``, ``_control_gather``) take a ``JobContext``, not the
-``World``: they read these fields and call these methods, and write nothing. ``World`` meets
-it as it is (a Protocol: no import of ``world`` is needed, so none of these modules sits in an
-import circle with it). On rank 5 of a (2, 4) gloo job: rank 5, size 8, backend "gloo",
-timeout 300 s, the torch engine, its ``StoreControl``, ``host_pids`` {4: 812, 5: 813, ...} for
-the ranks of its host, ``members()`` range(8) until an elastic mesh lost a slice.
+The helpers that word failures (``job/failures.py``), check arguments across ranks
+(``control/consensus.py``), count calls (``control/accounting.py``), watch progress
+(``job/progress.py``) and carry the control plane (``control/store.py``,
+``control/gather.py``) take a ``JobContext``, not the ``World``: they read these fields and
+call these methods, and write nothing. ``World`` meets it as it is (a Protocol: no import of
+``job/world.py`` is needed, so none of these modules sits in an import circle with it). On
+rank 5 of a (2, 4) gloo job: rank 5, size 8, backend "gloo", timeout 300 s, the torch engine,
+its ``StoreControl``, ``host_pids`` {4: 812, 5: 813, ...} for the ranks of its host,
+``members()`` range(8) until an elastic mesh lost a slice.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from ..errors import (
     format_ranks,
 )
 from ..geometry.spec import Ranks
-from ..host import env
+from ..host import knobs, launchers
 from ..process_group import ProcessGroup, check_ranks_in_world
 from . import progress
 from .failures import named_failures
@@ -47,8 +47,8 @@ _WORLD: World | None = None
 def to_timedelta(timeout: object, name: str = "timeout") -> timedelta:
     """Normalise a timeout given as timedelta or seconds; None reads TENSORPLAY_TIMEOUT."""
     if timeout is None:
-        seconds = env.timeout_from_env()
-        return timedelta(seconds=env.DEFAULT_TIMEOUT_S if seconds is None else seconds)
+        seconds = knobs.timeout_from_env()
+        return timedelta(seconds=knobs.DEFAULT_TIMEOUT_S if seconds is None else seconds)
     if isinstance(timeout, timedelta):
         seconds = timeout.total_seconds()
     elif isinstance(timeout, int | float) and not isinstance(timeout, bool):
@@ -88,8 +88,8 @@ def init_process_group(
         )
     if strict is not None and not isinstance(strict, bool):
         raise bad_type("strict", strict, "bool", "pass strict=True or leave it out")
-    strict = env.strict_from_env() if strict is None else strict
-    progress_s = env.progress_from_env()
+    strict = knobs.strict_from_env() if strict is None else strict
+    progress_s = knobs.progress_from_env()
     running = backends.running_world()
     if running is not None and (  # torch.distributed started by Lightning, accelerate, ...
             backend is None or backends.engine_name(str(backend).lower()) == running[0].name):
@@ -100,7 +100,7 @@ def init_process_group(
     engine = backends.engine_for(backend)
     master = None
     if engine.capabilities.has_store:  # a store needs an address to meet at
-        master = _master_address(init_method, env.detect(), world_size)
+        master = _master_address(init_method, launchers.detect(), world_size)
     started = engine.start(
         backend, init_method, rank=rank, world_size=world_size, timeout=wait, master=master
     )
@@ -156,7 +156,7 @@ def _canonical_args(
             "use 'env://', 'tcp://host:port' or 'file:///shared/path'",
         )
     if rank < 0 or world_size < 0:
-        launch = env.detect()
+        launch = launchers.detect()
         if rank < 0:
             rank = _from_launch(launch, "rank", "RANK")
         if world_size < 0:
@@ -171,7 +171,7 @@ def _canonical_args(
     return backend, init_method, rank, world_size, wait
 
 
-def _from_launch(launch: env.LaunchEnv | None, field: str, var: str) -> int:
+def _from_launch(launch: launchers.LaunchEnv | None, field: str, var: str) -> int:
     if launch is None:
         raise LaunchEnvError(
             f"init_process_group: {field} not given and {var} is not set. Fix: start the job "
@@ -182,7 +182,7 @@ def _from_launch(launch: env.LaunchEnv | None, field: str, var: str) -> int:
 
 
 def _master_address(
-    init_method: str, launch: env.LaunchEnv | None, world_size: int
+    init_method: str, launch: launchers.LaunchEnv | None, world_size: int
 ) -> tuple[str, int] | None:
     """(host, port) of the rendezvous store for env:// and tcp://; None for file://, and for
     a world of one rank that was given no address (it has nobody to meet)."""

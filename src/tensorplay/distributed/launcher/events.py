@@ -6,8 +6,8 @@ matches them by type:
 - ``Exit``: a waiter thread saw a rank's process end (its Popen return code);
 - ``Report``: the rank's ``rank_main`` said how its script ended (a ``RankReport``);
 - ``Beat``: with --hang-timeout-s, the rank's main thread has been still this long, here;
-- ``Recovered``: an elastic mesh changed epoch; what it cost (``elastic/recovery.py``), sent by
-  the new mesh's first rank (again once it synced the fresh ranks);
+- ``Recovered``: an elastic mesh changed epoch; what it cost (``host/wire.py``'s ``Recovery``),
+  sent by the new mesh's first rank (again once it synced the fresh ranks);
 - ``Signal``: SIGINT or SIGTERM reached the launcher;
 - ``Verdict`` (``verdicts.Verdict``): the job stopped elsewhere (a node lost, a failure on
   another node, the store could not be served);

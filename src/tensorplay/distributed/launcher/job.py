@@ -31,7 +31,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from ..errors import rank_words
-from ..host import env, wire
+from ..host import knobs, wire
 from .events import (
     Beat,
     Event,
@@ -302,7 +302,7 @@ class Job:
         now = time.monotonic()
         for rank, why in sorted(hung.items()):
             signal_groups(self.procs, [rank], signal.SIGKILL)
-            text = f"hung on host {env.hostname()}: {why}; {PROG} killed it"
+            text = f"hung on host {knobs.hostname()}: {why}; {PROG} killed it"
             self.out.say(f"rank {rank} {text}.")
             self.ends[rank].report = RankReport("hung", now, 1, text)
         return now
@@ -327,7 +327,7 @@ class Job:
                 what = first.error() or describe_code(first.chosen_code() if first.report
                                                       else first.code or 1)
                 stands = self.nodes.post("failed", f"node {self.spec.node_rank} "
-                                         f"({env.hostname()}) failed: rank {first.rank}: "
+                                         f"({knobs.hostname()}) failed: rank {first.rank}: "
                                          f"{shorten(what)}")
         elsewhere = stands is not None and (stands.kind != "failed"
                                             or stands.node != self.spec.node_rank)
@@ -336,8 +336,8 @@ class Job:
 
     def note_change(self, change: NodeChange, running: set[int]) -> None:
         """Elastic mode: another node was lost or taken back. Say so, and tell this node's
-        ranks (``host/wire.py``): a recovery counts a lost node's ranks as dead, and no rank
-        waits for them."""
+        ranks (``wire.write``; they read ``wire.lost_ranks``): a recovery counts a lost
+        node's ranks as dead, and no rank waits for them."""
         self.node_changes.append(change)
         if change.kind == "lost":
             here = rank_words(sorted(running)) if running else "no rank"

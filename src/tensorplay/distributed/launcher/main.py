@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 from ..errors import ArgumentError, bad_argument, rank_words
-from ..host import env
+from ..host import knobs
 from . import handoff, rank_table, store
 from .events import Events, Signal, Verdict
 from .job import Job, policy_for
@@ -60,7 +60,7 @@ def _signals_to(events: Events) -> Iterator[None]:
 
 def _nodes(spec: LaunchSpec) -> JobNodes:
     return JobNodes(NodeFlags(nnodes=spec.nnodes, index=spec.node_rank,
-                              nproc=spec.nproc_per_node, host=env.hostname(),
+                              nproc=spec.nproc_per_node, host=knobs.hostname(),
                               addr=spec.master_addr, port=spec.master_port,
                               grace_s=spec.node_grace_s, join_timeout_s=spec.join_timeout_s,
                               elastic=spec.elastic))
@@ -155,7 +155,7 @@ def _table(spec: LaunchSpec, out: Output) -> RankTable | None:
     header = (f"{PROG} {os.getpid()}, node {spec.node_rank} of {spec.nnodes}: "
               f"{spec.script_line()}")
     try:
-        return RankTable.create(header, env.hostname())
+        return RankTable.create(header, knobs.hostname())
     except OSError as err:
         out.say(f"no rank table for this job ({err}); {PROG} --ps does not show it.")
         return None

@@ -47,7 +47,7 @@ BEAT_S = "TENSORPLAY_RUN_BEAT_S"  # set: send a beat this often (--hang-timeout-
 PARENT_PID = "TENSORPLAY_RUN_PARENT_PID"
 TITLE = "TENSORPLAY_RUN_TITLE"  # set (Linux): the rank's command line for ps (name_this_process)
 COMM = "TENSORPLAY_RUN_COMM"  # and its name ("rank 5"), set with TITLE
-RUN_NOTES = "TENSORPLAY_RUN_NOTES"  # "<pid>:<fd>": the report pipe, for _env.tell_launcher
+RUN_NOTES = "TENSORPLAY_RUN_NOTES"  # "<pid>:<fd>": the report pipe (host/wire.py: tell_launcher)
 WHAT_CHARS = 1000  # a report's one-line "Type: message" is cut here (one pipe write)
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 PR_SET_NAME = 15
@@ -333,7 +333,7 @@ def main() -> None:
         die_with_parent(int(parent))
     if fd is not None:
         os.set_inheritable(int(fd), False)  # the script's own subprocesses never hold it
-        os.environ[RUN_NOTES] = f"{os.getpid()}:{fd}"  # _env.tell_launcher's way to it
+        os.environ[RUN_NOTES] = f"{os.getpid()}:{fd}"  # how host/wire.py's tell_launcher finds it
     report = Reporter(None if fd is None else int(fd))
     beat_s = os.environ.pop(BEAT_S, None)
     if beat_s is not None and fd is not None:
