@@ -17,6 +17,8 @@ import os
 import time
 from typing import Any
 
+from ..backends.protocol import StoreFailed
+
 MARK_AFTER_S = 0.2
 POLL_S = 0.1
 SETTLE_S = MARK_AFTER_S + 4 * POLL_S
@@ -47,7 +49,7 @@ def settle(store: Any, key: str) -> None:
     end()
     try:
         store.set(key, "1")
-    except Exception:  # noqa: BLE001 - the store is gone: nobody can be named (absent() says)
+    except StoreFailed:  # the store is gone: nobody can be named (absent() says)
         return
     time.sleep(SETTLE_S)
 
@@ -79,7 +81,7 @@ def _watch() -> None:
         if (waiting is not None and waiting[1:] != posted
                 and time.monotonic() - waiting[2] >= MARK_AFTER_S):
             posted = waiting[1:]
-            with contextlib.suppress(Exception):  # the store is gone; the wait will say so
+            with contextlib.suppress(StoreFailed):  # the store is gone; the wait will say so
                 waiting[0].set(waiting[1], "1")
         del waiting
 

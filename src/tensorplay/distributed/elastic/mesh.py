@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from ..backends.protocol import StoreFailed
 from ..control.consensus import agree
 from ..errors import (
     ArgumentError,
@@ -372,6 +373,6 @@ def _hosts_of(world: World, ranks: tuple[int, ...]) -> tuple[str, ...]:
         return ()
     try:
         hosts = world.hosts()
-    except Exception:  # noqa: BLE001 - a record without hosts rather than a failed recovery
+    except StoreFailed:  # the store is gone: a record without hosts, not a failed recovery
         return ()
     return tuple(sorted({hosts(r) for r in ranks}))

@@ -22,6 +22,7 @@ import time
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
+from ..backends.protocol import StoreFailed
 from ..control import keys
 from ..host import env, wire
 from ..host.wire import Recovery
@@ -85,7 +86,7 @@ class Session:
         world = self._world
         if self.shape is None or world.rank not in world.members():
             return
-        with suppress(RuntimeError, OSError):
+        with suppress(StoreFailed):  # the store is gone: nobody waits on it to join
             finish(board_of(world), world.spmd.epoch, self.shape, list(world.members()))
 
     def _watch(self) -> None:

@@ -7,8 +7,8 @@ module words the error the user sees, the same for every engine:
   DistributedTimeoutError or RankFailedError naming the dead or missing ranks (creating a
   mesh's groups, exchanging host names);
 - ``collective_error(world, err, what, group)``: the error for a collective that failed;
-- ``store_call(world, step, call)``: one store operation, whose failure means the store's
-  server (rank 0 for env:// and tcp://) has gone;
+- ``store_call(world, step, call)``: one store operation, whose failure (``StoreFailed``,
+  judged by the engine) means the store's server (rank 0 for env:// and tcp://) has gone;
 - ``diagnose(...)``: the error once a wait failed, from what is known (deaths seen on this
   host, ranks that never arrived);
 - ``death_watch(world, notify)``: while a rank waits, watch the other ranks of its host
@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..backends.protocol import StoreFailed, StoreGone, StoreTimedOut
 from ..control import accounting, keys
 from ..control.plane import Board
 from ..errors import (
@@ -93,7 +94,11 @@ def named_failures(world: JobContext, step: str) -> Iterator[None]:
         raise diagnose(world, step, err, isinstance(err, DistributedTimeoutError)) from err
     except DistributedError:
         raise
-    except Exception as err:
+    except StoreFailed as err:  # the host exchange's store calls
+        gone = store_unreachable(world, step, err) if isinstance(err, StoreGone) else None
+        raise diagnose(world, step, err, isinstance(err, StoreTimedOut),
+                       store_gone=gone) from err
+    except Exception as err:  # noqa: BLE001 - the engine's errors worded; any other re-raised
         kind = world.engine.classify(err)
         if kind is None:
             raise
@@ -121,23 +126,28 @@ def collective_error(world: JobContext, err: BaseException, what: str,
 
 
 def store_call(world: JobContext, step: str, call: Callable[[], Any]) -> Any:
-    """Run one store operation; a failure means the store's server (rank 0 for env:// and
-    tcp://, the launcher of node 0 under tensorplay-run and torchrun) is gone."""
+    """Run one store operation (a post, a check: no wait); its failure (``StoreFailed``)
+    means the store's server is gone, worded by ``store_unreachable``."""
     try:
         return call()
-    except (RuntimeError, OSError) as err:
-        if env.agent_store_attempt() is not None:  # a launcher serves it, not a rank
-            raise RankFailedError(
-                f"{step} failed: the job's store cannot be reached, so the launcher serving it "
-                f"(tensorplay-run or torchrun on node 0) has gone or its machine cannot be "
-                f"reached. Engine said: {engine_said(err)}. {FIX_FAILED}"
-            ) from err
-        raise RankFailedError(
-            f"{step} failed: the job's store cannot be reached, so the rank serving it "
-            f"(rank 0 for env:// and tcp://) has probably exited or crashed. "
-            f"Engine said: {engine_said(err)}. {FIX_FAILED}",
-            ranks=[0],
-        ) from err
+    except StoreFailed as err:
+        raise store_unreachable(world, step, err) from err
+
+
+def store_unreachable(world: JobContext, step: str, err: StoreFailed) -> RankFailedError:
+    """The error of ``step``, whose store call failed: the store's server is gone (rank 0
+    for env:// and tcp://, naming it; the launcher of node 0 under tensorplay-run and
+    torchrun)."""
+    if env.agent_store_attempt() is not None:  # a launcher serves it, not a rank
+        return RankFailedError(
+            f"{step} failed: the job's store cannot be reached, so the launcher serving it "
+            f"(tensorplay-run or torchrun on node 0) has gone or its machine cannot be "
+            f"reached. Engine said: {engine_said(err)}. {FIX_FAILED}")
+    return RankFailedError(
+        f"{step} failed: the job's store cannot be reached, so the rank serving it "
+        f"(rank 0 for env:// and tcp://) has probably exited or crashed. "
+        f"Engine said: {engine_said(err)}. {FIX_FAILED}",
+        ranks=[0])
 
 
 def diagnose(
@@ -340,8 +350,8 @@ def _not_failed(world: JobContext, gone: list[tuple[int, int]]) -> list[tuple[in
     try:
         with control.briefly():
             marks = control.peek([world.spmd.key(keys.FAILED, rank=r) for r, _ in gone])
-    except (RuntimeError, OSError, AttributeError):  # the store died with the rank serving
-        return gone  # it, or a store without timeouts
+    except StoreFailed:  # the store died with the rank serving it
+        return gone
     return [pair for pair, mark in zip(gone, marks, strict=True) if mark is None]
 
 
@@ -351,7 +361,7 @@ def _mark_failed(world: JobContext) -> None:
     control = world.control
     if not isinstance(control, Board):
         return
-    with suppress(RuntimeError, OSError, AttributeError), control.briefly():
+    with suppress(StoreFailed), control.briefly():  # the store is gone: nobody reads it
         control.post(world.spmd.key(keys.FAILED, rank=world.rank), "1")
 
 
