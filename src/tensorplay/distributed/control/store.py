@@ -24,15 +24,8 @@ from ..errors import (
 )
 from ..geometry.topology import Hosts, hosts_from_names
 from ..host import env, wire
-from ..job.failures import (
-    FIX_FAILED,
-    FIX_LATE,
-    Dead,
-    death_watch,
-    diagnose,
-    named_failures,
-    store_call,
-)
+from ..job.failures import FIX_FAILED, FIX_LATE, diagnose, named_failures, store_call
+from ..job.watch import Dead, death_watch
 from . import arrivals as _arrivals
 from . import keys as _keys
 from .plane import PEEK_S, Tally

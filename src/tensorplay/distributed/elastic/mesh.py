@@ -53,8 +53,8 @@ from ..geometry.shrink import shrink
 from ..geometry.spec import MeshSpec
 from ..host import env, wire
 from ..host.wire import Recovery
-from ..job.failures import dead_on_this_host
 from ..job.lifecycle import leave_unheard
+from ..job.watch import dead_on_this_host
 from ..job.world import World
 from ..mesh.value import DeviceMesh, _laid_out, _make_groups, _not_elastic
 from . import chain

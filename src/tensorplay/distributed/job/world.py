@@ -38,8 +38,9 @@ from ..geometry.layout import Layout
 from ..geometry.spec import Ranks
 from ..process_group import ProcessGroup, group_name
 from . import progress
-from .failures import collective_error, dead_on_this_host, named_failures, unless_told
+from .failures import collective_error, named_failures
 from .registry import GroupRegistry
+from .watch import dead_on_this_host, unless_told
 
 if TYPE_CHECKING:
     from ..backends.protocol import Engine, Store
