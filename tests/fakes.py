@@ -254,6 +254,7 @@ class ThreadEngine:
         self._timeout_s = timeout_s
         self.meets = False
         self.made: list[str] = []  # the groups' names, once per member that made one
+        self.severed: list[str] = []  # the groups' names, once per member that broke one
 
     def new_group(self, name: str, ranks: Any, backend: str, timeout: Any, desc: str) -> str:
         """A group of threads: its name stands for it, once its members met (``meets``)."""
@@ -291,7 +292,8 @@ class ThreadEngine:
         """A thread has no device to pick."""
 
     def sever(self, engine_group: Any) -> None:
-        """Nothing to break: the threads' groups hold no connections."""
+        """Nothing to break (the threads' groups hold no connections): noted in ``severed``."""
+        self.severed.append(engine_group)
 
     def close_group(self, engine_group: Any) -> None:
         """Nothing to tear down."""

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from ..backends.protocol import StoreFailed
+from ..job.watch import reported
 
 MARK_AFTER_S = 0.2
 POLL_S = 0.1
@@ -28,14 +29,15 @@ _waiting: tuple[Any, str, float] | None = None  # (store, key, since) of this pr
 _watching = False
 
 
-def begin(store: Any, key: str) -> None:
-    """This process starts a blocking wait whose arrival mark is ``key``."""
+def begin(store: Any, key: str, rank: int) -> None:
+    """Rank ``rank`` (this process) starts a blocking wait whose arrival mark is ``key``."""
     global _waiting, _watching
     _waiting = (store, key, time.monotonic())
     if not _watching:
         _watching = True
         # not threading.Thread: its start() waits until the new thread has been scheduled
-        _thread.start_new_thread(_watch, ())
+        _thread.start_new_thread(reported("the barrier arrival marks", rank, _watch,
+                                          _stopped), ())
 
 
 def end() -> None:
@@ -84,6 +86,12 @@ def _watch() -> None:
             with contextlib.suppress(StoreFailed):  # the store is gone; the wait will say so
                 waiting[0].set(waiting[1], "1")
         del waiting
+
+
+def _stopped(err: BaseException) -> None:
+    """The thread ended on an error (said already): the next wait starts another."""
+    global _watching
+    _watching = False
 
 
 def _forked() -> None:

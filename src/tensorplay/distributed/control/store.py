@@ -252,7 +252,7 @@ class StoreControl(StoreBoard):
         (``_arrivals``)."""
         world, store, group = self._world, self._store, name
         mark = world.spmd.key(_keys.BARRIER_MARK, group=group, n=n, rank=world.rank)
-        _arrivals.begin(store, mark)
+        _arrivals.begin(store, mark, world.rank)
         try:
             yield
         except DistributedTimeoutError as err:

@@ -122,6 +122,7 @@ class ElasticMesh(DeviceMesh):
         without a majority, StaleEpochError on a rank the others already declared lost.
         """
         self._alive("recover()")
+        self._session.watching("recover()")
         return recover(self, err)
 
     def grow(self) -> DeviceMesh:
@@ -135,6 +136,7 @@ class ElasticMesh(DeviceMesh):
         0) once the members finished without it, so no loop waits on for ever.
         """
         self._alive("grow()")
+        self._session.watching("grow()")
         return grow(self)
 
     def _next(self, spec: MeshSpec, plan: Elastic, make: bool = True,

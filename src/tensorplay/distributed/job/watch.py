@@ -14,7 +14,10 @@ helper thread while this one looks:
 - ``dead_on_this_host(world, wait_s)``: which of this host's other ranks have gone;
 - the failed marks on the control plane's Board: a rank that raised RankFailedError says so
   (``mark_failed``) before it may end, so that a host-mate finding it gone does not name it
-  as a second death (``not_failed``).
+  as a second death (``not_failed``);
+- ``reported(where, rank, body)``: the body of a thread of ours that must not end unheard
+  (the death watch, the barrier arrival marks, the elastic watcher): an error nothing
+  expected is said once, the same way for every such thread (``report_thread_error``).
 
 The wording of the errors these lead to is ``job/failures.py``.
 """
@@ -23,7 +26,9 @@ from __future__ import annotations
 
 import _thread
 import json
+import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,11 +44,48 @@ from ..host import env, procfs, wire
 if TYPE_CHECKING:
     from .context import JobContext
 
+log = logging.getLogger("tensorplay.distributed")
 WATCH_S = 0.2  # how often a waiting rank looks for dead ranks on its host
 T = TypeVar("T")
 Dead = tuple[int, int, str]  # (rank, pid, host) of a rank whose process has gone
 # tensorplay-run writes here why the job stops, when another node is lost or failed:
 # {"text": "node 1 (hostB, ranks 4-7) went silent: ...", "ranks": [4, 5, 6, 7]}
+
+
+def report_thread_error(where: str, err: BaseException, rank: int) -> str:
+    """Say once that ``where``, a thread of ours, stopped on ``err``, which nothing of ours
+    expected; returns the line said.
+
+    The same for every such thread: one line naming the rank, the thread and the error, with
+    its traceback, at ERROR on the ``tensorplay.distributed`` logger ("rank 3: the elastic
+    watcher stopped on an unexpected error: ZeroDivisionError: division by zero"). Where the
+    program set up no logging, logging's last resort prints it to stderr; where it did (to a
+    file, say), the line is printed to stderr as well, so that a rank's stderr, which
+    tensorplay-run shows, always says it.
+    """
+    said = f"rank {rank}: {where} stopped on an unexpected error: {type(err).__name__}: {err}"
+    log.error("%s", said, exc_info=(type(err), err, err.__traceback__))
+    if log.hasHandlers():
+        print(f"tensorplay.distributed: {said} (its traceback is in the log)", file=sys.stderr,
+              flush=True)
+    return said
+
+
+def reported(where: str, rank: int, body: Callable[[], None],
+             died: Callable[[BaseException], None] | None = None) -> Callable[[], None]:
+    """``body`` as the target of a thread of ours that must not end unheard: an error it
+    raises is said (``report_thread_error``), then handed to ``died`` where the thread's job
+    matters to the main thread (the elastic watcher's: ``Session``). The one place such a
+    thread catches every error; what a thread expects (the store gone: ``StoreFailed``) it
+    catches itself, by name."""
+    def run() -> None:
+        try:
+            body()
+        except Exception as err:  # noqa: BLE001 - said, the same way for every such thread
+            report_thread_error(where, err, rank)
+            if died is not None:
+                died(err)
+    return run
 
 
 def fix_failed(world: JobContext) -> str:
@@ -83,7 +125,7 @@ def death_watch(world: JobContext, notify: Callable[[list[Dead]], None],
 
     # _thread, not threading.Thread: Thread.start() blocks until the new thread has run, which
     # on a busy machine costs more than the whole check
-    _thread.start_new_thread(watch, ())
+    _thread.start_new_thread(reported("the death watch", world.rank, watch), ())
     try:
         yield
     finally:
