@@ -351,12 +351,16 @@ class Severable(Protocol):
     def sever(self, engine_group: Any) -> None:
         """Break one engine group's connections now, from any thread: this rank's call
         blocked in it fails at once, as do its peers' (an elastic recovery began elsewhere).
-        The group is not torn down; ``close_group`` does that later."""
+        The group is not torn down; ``close_group`` does that later. A group broken already
+        (a peer died; severed before) breaks again without an error: an error it raises is
+        a bug, and the caller raises it (``GroupRegistry.sever``, ``retire``). Never called
+        on a group after its ``close_group`` (the registry orders the two)."""
         ...
 
     def close_group(self, engine_group: Any) -> None:
         """Tear one engine group down (an elastic mesh left its epoch): the engine forgets it;
-        its resources go with its last reference. Never waits on a peer."""
+        its resources go with its last reference. Never waits on a peer; a broken group
+        closes without an error (one it raises is a bug, raised by the caller)."""
         ...
 
     def set_timeout(self, engine_group: Any, timeout: timedelta) -> None:
