@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     files, the store) is done before ``launch`` returns."""
     code = launch(argv)
     for stream in (sys.stdout, sys.stderr):
-        with suppress(Exception):
+        with suppress(OSError, ValueError):  # a pipe closed by the reader; a stream closed
             stream.flush()
     os._exit(code)
 
