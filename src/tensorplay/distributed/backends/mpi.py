@@ -74,15 +74,7 @@ from ..errors import (
 )
 from ..host import env, procfs
 from . import torch_engine_installed
-from .protocol import (
-    Capabilities,
-    Engine,
-    FailureKind,
-    GathersText,
-    Running,
-    Started,
-    StoreFailure,
-)
+from .protocol import Capabilities, Engine, FailureKind, GathersText, Running, Started, StoreFailure
 
 LOOK_S = 0.05  # how often the watchdog reads control messages and looks at the call in progress
 EXIT_GRACE_S = 1.0  # at exit, how long a rank waits for the others before saying it left
