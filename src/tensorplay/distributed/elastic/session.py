@@ -110,7 +110,7 @@ class Session:
             f"{call}: rank {self._world.rank}'s elastic watcher stopped "
             f"{time.monotonic() - when:.1f} s ago on an unexpected error "
             f"({type(err).__name__}: {err}), so a recovery begun elsewhere can no longer free "
-            "this rank's calls; it leaves the job, and the others recover without it. Fix: "
+            "this rank's calls; it must leave the job (the others recover without it). Fix: "
             "this is a bug of tensorplay.distributed (or of code patched into it): report "
             "it with the traceback said then") from err
 
