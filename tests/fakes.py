@@ -254,6 +254,7 @@ class ThreadEngine:
         self._timeout_s = timeout_s
         self.meets = False
         self.made: list[str] = []  # the groups' names, once per member that made one
+        self.severed: list[str] = []  # the groups' names, once per member that broke one
 
     def new_group(self, name: str, ranks: Any, backend: str, timeout: Any, desc: str) -> str:
         """A group of threads: its name stands for it, once its members met (``meets``)."""
@@ -271,6 +272,16 @@ class ThreadEngine:
 
         return TorchEngine.classify(self, err)  # reads nothing of the engine itself
 
+    def store_failure(self, err: BaseException) -> Any:
+        """As the torch engine says (the store's errors are worded as torch's)."""
+        from tensorplay.distributed.backends.torch_c10d import TorchEngine
+
+        return TorchEngine.store_failure(self, err)  # reads nothing of the engine itself
+
+    def store_reachable(self) -> bool:
+        """The store of threads is in this process: posting to a dead one only raises."""
+        return True
+
     def backend_for_device(self, device_type: str, world_backend: str) -> str:
         return world_backend
 
@@ -281,7 +292,8 @@ class ThreadEngine:
         """A thread has no device to pick."""
 
     def sever(self, engine_group: Any) -> None:
-        """Nothing to break: the threads' groups hold no connections."""
+        """Nothing to break (the threads' groups hold no connections): noted in ``severed``."""
+        self.severed.append(engine_group)
 
     def close_group(self, engine_group: Any) -> None:
         """Nothing to tear down."""
@@ -356,6 +368,15 @@ class ThreadRanks:
                 raise AssertionError(f"rank {r} did not return within {self.limit_s():.0f} s "
                                      f"(world timeout {self.timeout_s:g} s; {timing.describe()})")
         return out
+
+
+def board(store: MemoryStore | None = None) -> Any:
+    """A ``StoreBoard`` over ``store`` (a fresh MemoryStore by default), its failures judged
+    as the torch engine judges its store's."""
+    from tensorplay.distributed.control.store import JobStore, StoreBoard
+
+    judge = ThreadEngine(30.0).store_failure
+    return StoreBoard(JobStore(store if store is not None else MemoryStore(), judge))
 
 
 def raised(results: Sequence[Any], kind: type[BaseException]) -> list[BaseException]:

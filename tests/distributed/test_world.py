@@ -360,9 +360,9 @@ def _bounded_creation(world, within_s: float, meanwhile=None):
 
 def test_a_bounded_group_creation_that_the_engine_never_ends_times_out_at_its_bound(
         monkeypatch):
-    from tensorplay.distributed.job import failures
+    from tensorplay.distributed.job import watch
 
-    monkeypatch.setattr(failures, "_bound", lambda within_s: within_s)  # no grace for the
+    monkeypatch.setattr(watch, "_bound", lambda within_s: within_s)  # no grace for the
     world, released = _stuck_creation()  # engine's own error: this engine never raises one
     try:
         err, elapsed = _bounded_creation(world, 0.3)

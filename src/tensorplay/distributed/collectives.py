@@ -14,8 +14,8 @@ from typing import Any
 from .backends import arrays
 from .control import keys
 from .errors import bad_argument, check_int
-from .job.failures import unless_told
 from .job.lifecycle import current_world, resolve_group
+from .job.watch import unless_told
 from .process_group import ProcessGroup, ReduceOp, Work
 
 

@@ -168,8 +168,8 @@ class RankFailedError(DistributedError, RuntimeError):
     ``ranks`` lists the ranks known to have failed or gone missing, None when unknown.
     """
 
-    # True on an error raised from the launcher's verdict (job/failures.py's unless_told): its
-    # message already says it all, so named_failures passes it on as it is
+    # True on an error raised from the launcher's verdict (job/watch.unless_told): its message
+    # already says it all, so named_failures passes it on as it is
     told: bool = False
 
     def __init__(self, message: str, *, ranks: Iterable[int] | None = None):

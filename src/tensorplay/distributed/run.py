@@ -28,8 +28,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     files, the store) is done before ``launch`` returns."""
     code = launch(argv)
     for stream in (sys.stdout, sys.stderr):
-        with suppress(OSError, ValueError):  # a reader gone (EPIPE), a stream closed: nothing
-            stream.flush()  # more can be said to it
+        with suppress(OSError, ValueError):  # a pipe closed by the reader; a stream closed
+            stream.flush()
     os._exit(code)
 
 

@@ -51,6 +51,33 @@ def test_failures_are_classified_in_one_place(err, kind):
     assert torch_c10d.ENGINE.classify(err) == kind
 
 
+def test_a_real_store_s_failures_are_judged_gone_or_timed_out_and_a_bug_is_not():
+    """torch's TCPStore: a wait that runs out, then a set once the server has closed (rank 0
+    exited), each as the engine's ``store_failure`` sees it; the control plane's store raises
+    ours in their place (the engine's error the cause)."""
+    import gc
+    from datetime import timedelta
+
+    from tensorplay.distributed.backends.protocol import StoreGone, StoreTimedOut
+    from tensorplay.distributed.control.store import JobStore
+
+    engine = torch_c10d.ENGINE
+    server = tdist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=0.3))
+    client = JobStore(tdist.TCPStore("127.0.0.1", server.port, None, False,
+                                     timeout=timedelta(seconds=0.3)), engine.store_failure)
+    with pytest.raises(StoreTimedOut, match="wait timeout") as waited:
+        client.get("never set")
+    assert isinstance(waited.value.__cause__, tdist.DistStoreError)
+    del server
+    gc.collect()  # the server closes with its last reference
+    deadline = time.monotonic() + timing.bound(0, 5)
+    with pytest.raises(StoreGone) as gone:
+        while time.monotonic() < deadline:  # the client sees the close within moments
+            client.set("k", "1")
+    assert engine.store_failure(gone.value.__cause__) == "gone"
+    assert engine.store_failure(TypeError("set(): incompatible arguments")) is None
+
+
 def test_gloo_groups_cannot_shrink_so_a_recovery_remakes_them(gloo1):
     """docs/elastic.md: torch's shrink_group is NCCL only, so an elastic recovery makes the new
     epoch's groups afresh. If this torch lets gloo shrink, that speed-up is worth taking."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 
 from hypothesis import given
@@ -24,7 +26,7 @@ def _posted(store, key: str, within_s: float) -> bool:
 def test_a_wait_that_ends_quickly_writes_nothing(monkeypatch):
     monkeypatch.setattr(arrivals, "MARK_AFTER_S", 0.6)
     store = MemoryStore()
-    arrivals.begin(store, "quick")
+    arrivals.begin(store, "quick", 0)
     time.sleep(0.05)
     arrivals.end()
     assert not _posted(store, "quick", within_s=0.6 + 3 * arrivals.POLL_S)
@@ -32,7 +34,7 @@ def test_a_wait_that_ends_quickly_writes_nothing(monkeypatch):
 
 def test_a_wait_that_lasts_is_marked_while_it_waits():
     store = MemoryStore()
-    arrivals.begin(store, "slow")
+    arrivals.begin(store, "slow", 0)
     try:
         assert _posted(store, "slow", within_s=5.0)
     finally:
@@ -41,11 +43,36 @@ def test_a_wait_that_lasts_is_marked_while_it_waits():
 
 def test_settle_posts_our_own_mark_at_once_and_waits_for_late_ones():
     store = MemoryStore()
-    arrivals.begin(store, "mine")
+    arrivals.begin(store, "mine", 0)
     start = time.monotonic()
     arrivals.settle(store, "mine")
     assert store.check(["mine"]) and time.monotonic() - start >= arrivals.SETTLE_S
     assert arrivals._waiting is None
+
+
+def test_a_mark_that_fails_not_for_the_store_is_said_and_the_next_wait_is_marked(caplog):
+    """The thread that posts the marks stops on an error that is no failure of the store's
+    (here a TypeError): said once; the next wait starts another thread, which marks it."""
+    caplog.set_level(logging.ERROR, logger="tensorplay.distributed")
+
+    class Broken(MemoryStore):
+        def set(self, key, value):
+            raise TypeError("a mark's bug")
+
+    arrivals.begin(Broken(), "broken", 3)
+    deadline = time.monotonic() + 5.0
+    while arrivals._watching and time.monotonic() < deadline:  # until it stopped
+        time.sleep(0.02)
+    arrivals.end()
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(said) == 1 and re.fullmatch(r"rank \d+: the barrier arrival marks stopped on an "
+                                           r"unexpected error: TypeError: a mark's bug", said[0])
+    store = MemoryStore()
+    arrivals.begin(store, "after", 3)
+    try:
+        assert _posted(store, "after", within_s=5.0)
+    finally:
+        arrivals.end()
 
 
 def _holding(keys) -> MemoryStore:

@@ -4,12 +4,16 @@ the exchange bounded by its wait, rank 0 lingering for the others at the end, th
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
+import pytest
+
+from tensorplay.distributed.backends.protocol import StoreGone, StoreTimedOut
 from tensorplay.distributed.control import arrivals as _arrivals
 from tensorplay.distributed.control.plane import Board
 from tensorplay.distributed.errors import DistributedTimeoutError
 from tests import timing
-from tests.fakes import ThreadRanks
+from tests.fakes import MemoryStore, ThreadRanks, board
 
 
 def test_a_blocking_wait_that_times_out_names_the_members_that_never_arrived():
@@ -60,3 +64,22 @@ def test_the_store_control_is_a_board_whose_first_decision_stands():
     with board.briefly():
         assert board.wait(["m"]) == ["1"]
     assert board.clone().peek(["k"]) == ["first"]
+
+
+def test_the_store_s_failures_are_ours_judged_by_the_engine_and_a_bug_comes_through():
+    """The control plane's store (``JobStore``): a wait that runs out is StoreTimedOut, a
+    server gone StoreGone, each from the engine's error; a bug of the caller's is not the
+    store's failure and is raised as it is."""
+    store = MemoryStore(timedelta(seconds=0.05))
+    over = board(store)
+    with pytest.raises(StoreTimedOut, match="wait timeout") as waited:
+        over.wait(["never posted"])
+    assert isinstance(waited.value.__cause__, RuntimeError)
+    with pytest.raises(ValueError, match="zip"):  # two values for one key: not the store's
+        over._store.multi_set(["a"], ["1", "2"])
+    store.kill()
+    with pytest.raises(StoreGone, match="Connection reset by peer") as gone:
+        over.post("k", "1")
+    assert str(gone.value.__cause__) == "Connection reset by peer"
+    with pytest.raises(StoreGone):
+        over.clone()

@@ -15,7 +15,6 @@ import pytest
 
 import tensorplay.distributed as dist
 from tensorplay.distributed.control import keys
-from tensorplay.distributed.control.store import StoreBoard
 from tensorplay.distributed.elastic import chain as _elastic
 from tensorplay.distributed.elastic.chain import Elastic
 from tensorplay.distributed.elastic.mesh import enter
@@ -29,14 +28,14 @@ from tensorplay.distributed.errors import (
 )
 from tensorplay.distributed.host import knobs
 from tests import timing
-from tests.fakes import MemoryStore, ThreadRanks
+from tests.fakes import ThreadRanks, board
 
 PLAN = Elastic(dim=0, minimum=1, full_shape=(2, 4), full_ranks=tuple(range(8)), epoch=1)
 MEMBERS = {0, 1, 2, 3}  # rank 5 lost at epoch 0: slice 1 removed, 4, 6, 7 spares
 
 
 def test_a_poll_grows_only_when_a_removed_slice_is_complete():
-    store = StoreBoard(MemoryStore())
+    store = board()
     for spare in (4, 6, 7):
         _elastic.want(store, spare, f"{100 + spare} hostA")
     assert _elastic.poll(store, PLAN, 1, MEMBERS) is None  # rank 5 not back yet
@@ -49,7 +48,7 @@ def test_a_poll_grows_only_when_a_removed_slice_is_complete():
 
 
 def test_every_member_reads_the_first_answer_of_a_poll():
-    store = StoreBoard(MemoryStore())
+    store = board()
     assert _elastic.poll(store, PLAN, 1, MEMBERS) is None  # the first member found nobody
     for r in (4, 5, 6, 7):
         _elastic.want(store, r, f"{r} hostA")
@@ -58,7 +57,7 @@ def test_every_member_reads_the_first_answer_of_a_poll():
 
 
 def test_the_first_record_of_what_follows_an_epoch_stands():
-    store = StoreBoard(MemoryStore())
+    store = board()
     shrink = {"epoch": 2, "shape": [1, 4], "ranks": [0, 1, 2, 3], "lost": [5]}
     assert _elastic.next_of(store, 1, shrink) == shrink
     assert _elastic.next_of(store, 1, {"epoch": 2, "shape": [2, 4]}) == shrink
@@ -70,7 +69,7 @@ def test_a_recovery_s_detect_time_is_the_first_ranks_for_a_rank_without_its_own(
     """Rank 4's all_reduce failed after 0.04 s and began the recovery; rank 0's next call was
     refused by the watcher's break (no time of its own): it reports rank 4's 0.04 s; a rank
     with a time of its own keeps it."""
-    store = StoreBoard(MemoryStore())
+    store = board()
     assert _elastic.recovering(store, 1, 4, 0.04) == 0.04
     assert _elastic.recovering(store, 1, 0, None) == 0.04
     assert _elastic.recovering(store, 1, 5, 0.5) == 0.04  # the caller keeps its own 0.5
@@ -79,7 +78,7 @@ def test_a_recovery_s_detect_time_is_the_first_ranks_for_a_rank_without_its_own(
 
 
 def test_a_waiting_rank_follows_the_chain_to_the_record_that_admits_it():
-    store = StoreBoard(MemoryStore())
+    store = board()
     _elastic.next_of(store, 0, {"epoch": 1, "shape": [1, 4], "ranks": [0, 1, 2, 3],
                                 "lost": [5]})
     old = {"epoch": 2, "shape": [2, 4], "ranks": list(range(8)), "admitted": {"5": "1 old"}}
@@ -92,11 +91,11 @@ def test_a_waiting_rank_follows_the_chain_to_the_record_that_admits_it():
 
 
 def test_a_waiting_rank_learns_that_the_job_ended_or_finished():
-    store = StoreBoard(MemoryStore())
+    store = board()
     _elastic.end(store, 0, "mesh dim 'dp' would keep 0 of its 2 slices")
     with pytest.raises(ShrinkError, match="rank 5 waited to join, but the job ended: mesh dim"):
         _elastic.await_admission(store, 5, "1 a", 0, timeout_s=1)
-    store = StoreBoard(MemoryStore())
+    store = board()
     _elastic.finish(store, 0, (1, 4), [0, 1, 2, 3])
     assert _elastic.await_admission(store, 5, "1 a", 0, timeout_s=1)["finished"] == (
         "the members finished at epoch 0")
@@ -126,7 +125,7 @@ def test_a_token_of_a_process_gone_from_this_host_is_not_admitted():
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     here = knobs.hostname()
-    store = StoreBoard(MemoryStore())
+    store = board()
     for spare in (4, 6, 7):
         _elastic.want(store, spare, f"{os.getpid()} {here}")
     _elastic.want(store, 5, f"{dead.pid} {here}")
@@ -137,7 +136,7 @@ def test_a_token_of_a_process_gone_from_this_host_is_not_admitted():
 
 def test_a_waiting_rank_nobody_admits_times_out_saying_why():
     with pytest.raises(DistributedTimeoutError, match="no member admitted it.*mesh.grow()"):
-        _elastic.await_admission(StoreBoard(MemoryStore()), 5, "1 a", 0, timeout_s=0.1)
+        _elastic.await_admission(board(), 5, "1 a", 0, timeout_s=0.1)
 
 
 def test_members_polling_at_once_all_read_the_one_answer_and_the_waiting_ranks_are_admitted():

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..process_group import Work
 from . import arrays
-from .protocol import Capabilities, Engine, FailureKind, Started
+from .protocol import Capabilities, Engine, FailureKind, Started, StoreFailure
 
 
 class FakeGroupOps:
@@ -114,6 +114,14 @@ class FakeEngine:
     def classify(self, err: BaseException) -> FailureKind | None:
         """Nothing in a simulated world fails on its own."""
         return None
+
+    def store_failure(self, err: BaseException) -> StoreFailure | None:
+        """A simulated world has no store: no error is its failure."""
+        return None
+
+    def store_reachable(self) -> bool:
+        """A simulated world has no store to reach."""
+        return False
 
     def backend_for_device(self, device_type: str, world_backend: str) -> str:
         return world_backend

@@ -74,7 +74,7 @@ from ..errors import (
 )
 from ..host import env, procfs
 from . import torch_engine_installed
-from .protocol import Capabilities, Engine, FailureKind, GathersText, Running, Started
+from .protocol import Capabilities, Engine, FailureKind, GathersText, Running, Started, StoreFailure
 
 LOOK_S = 0.05  # how often the watchdog reads control messages and looks at the call in progress
 EXIT_GRACE_S = 1.0  # at exit, how long a rank waits for the others before saying it left
@@ -286,6 +286,14 @@ class MpiEngine:
             return None
         lost = {getattr(MPI, n, None) for n in ("ERR_PROC_FAILED", "ERR_REVOKED")} - {None}
         return "peer_lost" if err.Get_error_class() in lost else "other"
+
+    def store_failure(self, err: BaseException) -> StoreFailure | None:
+        """An MPI world has no store: no error is its failure."""
+        return None
+
+    def store_reachable(self) -> bool:
+        """An MPI world has no store to reach."""
+        return False
 
     def lost_ranks(self, comm: Any, err: BaseException) -> list[int] | None:
         """The world ranks of ``comm`` that failed, when ``err`` is ULFM's "process failed"

@@ -13,6 +13,8 @@ The core, ``Engine``, is what every engine has, in the order a job uses it:
    (``ProcessGroup`` wraps it); ``ops()`` binds the collectives to one such group;
 3. ``classify()`` says what one of the engine's exceptions means (a timeout, a lost peer);
    ``job/failures.py`` turns that into our errors, worded alike for every engine;
+   ``store_failure()`` says whether a store call's exception means the store is gone (or a
+   wait on it ran out), ``store_reachable()`` whether the store answers now;
 4. ``destroy()`` leaves the world;
 
 and the lookups every engine answers: ``default_backend``, ``check_available``,
@@ -59,10 +61,15 @@ if TYPE_CHECKING:
 
 
 class Store(Protocol):
-    """The key-value verbs the package uses (torch's c10d Store meets it as it is).
+    """The key-value verbs the package uses (torch's c10d Store meets it as it is: TCPStore
+    and PrefixStore have every one, ``timeout`` a property, since torch 2.8 ``clone`` too).
 
-    Values are str or bytes when set and bytes when read; every wait is bounded by the
-    timeout the store was made with.
+    Values are str or bytes when set and bytes when read; every wait is bounded by
+    ``timeout``, which ``set_timeout`` changes for this connection (a ``Board``'s
+    ``briefly()``: 2 s instead of the world's 300 s while a failing rank posts its marks).
+    A call that fails for the store's own reason raises the engine's error, which
+    ``Engine.store_failure`` judges; the control plane raises ``StoreGone`` or
+    ``StoreTimedOut`` in its place (``control/store.JobStore``).
     """
 
     def set(self, key: str, value: str | bytes) -> None: ...
@@ -72,6 +79,37 @@ class Store(Protocol):
     def multi_set(self, keys: list[str], values: list[str]) -> None: ...
     def compare_set(self, key: str, expected: str, desired: str) -> bytes: ...
     def clone(self) -> Store: ...  # its own connection, for a watcher thread
+
+    @property
+    def timeout(self) -> timedelta: ...  # the bound of every wait of this connection
+
+    def set_timeout(self, timeout: timedelta) -> None: ...
+
+
+StoreFailure = Literal["gone", "timeout"]  # what ``Engine.store_failure`` says of an error
+
+
+class StoreFailed(RuntimeError):
+    """A call of the job's store failed for the store's own reason; the engine's error, as
+    its engine judged it (``Engine.store_failure``), is the cause.
+
+    The control plane's store (``control/store.JobStore``) raises it in place of the
+    engine's exception, so every caller above the engines catches this class: none guesses
+    from the engine's types or words (``except (RuntimeError, OSError)`` would also take a
+    bug for the store's death). Any other error of a store call comes through as it is. A
+    RuntimeError, as the engines' store errors are (torch's DistError).
+    """
+
+
+class StoreGone(StoreFailed):
+    """The store's server cannot be reached: it closed (rank 0 ended, for env:// and tcp://;
+    the launcher of node 0, under tensorplay-run and torchrun) or its machine is cut off.
+    torch: DistNetworkError "Broken pipe" on a ``set`` once rank 0 has exited."""
+
+
+class StoreTimedOut(StoreFailed):
+    """A wait on the store ran out: a key was not set within the connection's ``timeout``
+    (torch: DistStoreError "wait timeout after 1000ms, keys: /nokey")."""
 
 
 @dataclass(frozen=True)
@@ -248,6 +286,19 @@ class Engine(Protocol):
         """What the engine's exception ``err`` means; None when it is not the engine's."""
         ...
 
+    def store_failure(self, err: BaseException) -> StoreFailure | None:
+        """What ``err``, raised by a call of the store ``start`` gave, means: "gone" (its
+        server cannot be reached), "timeout" (a wait ran out), or None: no failure of the
+        store's own (a bug, raised as it is). The one judge of "the store is gone"; None on
+        an engine without a store."""
+        ...
+
+    def store_reachable(self) -> bool:
+        """Whether the job's store accepts a connection now, asked before posting to a store
+        that may have gone (a failed post makes torch's client log a C++ stack trace, which
+        an expected failure must not show). False on an engine without a store."""
+        ...
+
     def backend_for_device(self, device_type: str, world_backend: str) -> str:
         """The default backend of a mesh of ``device_type`` in a world on ``world_backend``
         (torch: gloo for a 'cpu' mesh on an nccl world, since NCCL moves CUDA tensors only)."""
@@ -301,12 +352,16 @@ class Severable(Protocol):
     def sever(self, engine_group: Any) -> None:
         """Break one engine group's connections now, from any thread: this rank's call
         blocked in it fails at once, as do its peers' (an elastic recovery began elsewhere).
-        The group is not torn down; ``close_group`` does that later."""
+        The group is not torn down; ``close_group`` does that later. A group broken already
+        (a peer died; severed before) breaks again without an error: an error it raises is
+        a bug, and the caller raises it (``GroupRegistry.sever``, ``retire``). Never called
+        on a group after its ``close_group`` (the registry orders the two)."""
         ...
 
     def close_group(self, engine_group: Any) -> None:
         """Tear one engine group down (an elastic mesh left its epoch): the engine forgets it;
-        its resources go with its last reference. Never waits on a peer."""
+        its resources go with its last reference. Never waits on a peer; a broken group
+        closes without an error (one it raises is a bug, raised by the caller)."""
         ...
 
     def set_timeout(self, engine_group: Any, timeout: timedelta) -> None:

@@ -55,6 +55,7 @@ from .protocol import (
     Severable,
     Started,
     Store,
+    StoreFailure,
 )
 
 if TYPE_CHECKING:
@@ -423,6 +424,29 @@ class TorchEngine:
                 s in lowered for s in ("connection", "closed", "reset by peer", "broken pipe")):
             return "peer_lost"
         return "other"
+
+    def store_failure(self, err: BaseException) -> StoreFailure | None:
+        """What a TCPStore call's exception means: "gone" for DistNetworkError (a ``set``
+        once rank 0 has exited: "Broken pipe"; a ``clone`` whose connect timed out) and for
+        any other RuntimeError or OSError not worded as a timeout ("Connection reset by
+        peer"), "timeout" for DistStoreError ("wait timeout after 1000ms, keys: /nokey") and
+        a RuntimeError worded so; None for anything else (a TypeError: a bug)."""
+        if isinstance(err, dist.DistNetworkError | ConnectionError):
+            return "gone"
+        if not isinstance(err, RuntimeError | OSError):
+            return None
+        lowered = str(err).lower()
+        if isinstance(err, dist.DistStoreError) or "timeout" in lowered or "timed out" in lowered:
+            return "timeout"
+        return "gone"
+
+    def store_reachable(self) -> bool:
+        """Whether the job's store, at the launcher's MASTER_ADDR:MASTER_PORT, accepts a
+        connection (True where no launcher says where it is: nothing to probe)."""
+        launch = env.detect()
+        if launch is None or not launch.master_addr or not launch.master_port:
+            return True
+        return not netif.refuses(launch.master_addr, launch.master_port)
 
     def backend_for_device(self, device_type: str, world_backend: str) -> str:
         """gloo for a 'cpu' mesh on an nccl world (NCCL moves CUDA tensors only)."""

@@ -28,8 +28,9 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
+from ..backends.protocol import StoreFailed
 from ..errors import CallMismatchError, rank_words
-from ..host import launchers, netif, wire
+from ..host import wire
 from . import keys
 from .plane import Board
 
@@ -85,7 +86,8 @@ def check_after_failure(world: JobContext, group: ProcessGroup) -> CallMismatchE
     Only ``group``'s count is posted: a rank that fails here may have made fewer calls on its
     other groups than their members only because it stops now."""
     control = world.control
-    if not isinstance(control, Board) or group.size() > _LARGEST or _store_gone():
+    if (not isinstance(control, Board) or group.size() > _LARGEST
+            or not world.engine.store_reachable()):  # a post would only log torch's C++ stack
         return None
     key = world.spmd.key
     failed = [key(keys.CALLS_AFTER_FAILURE, group=group.name, rank=r) for r in group.ranks]
@@ -94,7 +96,7 @@ def check_after_failure(world: JobContext, group: ProcessGroup) -> CallMismatchE
         with control.briefly():
             control.post(failed[group.rank()], str(group.calls))
             after, at_end = control.peek(failed), control.peek(ended)
-    except (RuntimeError, OSError):  # the store is gone: nothing to compare
+    except StoreFailed:  # the store is gone: nothing to compare
         return None
     posted: dict[int, dict[str, int]] = {}
     for member, count, counts in zip(group.ranks, after, at_end, strict=True):
@@ -124,12 +126,3 @@ def _compare(group: ProcessGroup, posted: dict[int, dict[str, int]], late: list[
         return None
     return CallMismatchError(group.label, by_count)
 
-
-def _store_gone() -> bool:
-    """Whether the job's store (at the launcher's MASTER_ADDR:MASTER_PORT) refuses
-    connections: then posting to it would only make torch's client log a failed send with a
-    C++ stack trace, which an expected failure must not show."""
-    launch = launchers.detect()
-    if launch is None or not launch.master_addr or not launch.master_port:
-        return False
-    return netif.refuses(launch.master_addr, launch.master_port)

@@ -17,6 +17,9 @@ import os
 import time
 from typing import Any
 
+from ..backends.protocol import StoreFailed
+from ..job.watch import reported
+
 MARK_AFTER_S = 0.2
 POLL_S = 0.1
 SETTLE_S = MARK_AFTER_S + 4 * POLL_S
@@ -26,14 +29,15 @@ _waiting: tuple[Any, str, float] | None = None  # (store, key, since) of this pr
 _watching = False
 
 
-def begin(store: Any, key: str) -> None:
-    """This process starts a blocking wait whose arrival mark is ``key``."""
+def begin(store: Any, key: str, rank: int) -> None:
+    """Rank ``rank`` (this process) starts a blocking wait whose arrival mark is ``key``."""
     global _waiting, _watching
     _waiting = (store, key, time.monotonic())
     if not _watching:
         _watching = True
         # not threading.Thread: its start() waits until the new thread has been scheduled
-        _thread.start_new_thread(_watch, ())
+        _thread.start_new_thread(reported("the barrier arrival marks", rank, _watch,
+                                          _stopped), ())
 
 
 def end() -> None:
@@ -47,7 +51,7 @@ def settle(store: Any, key: str) -> None:
     end()
     try:
         store.set(key, "1")
-    except Exception:  # noqa: BLE001 - the store is gone: nobody can be named (absent() says)
+    except StoreFailed:  # the store is gone: nobody can be named (absent() says)
         return
     time.sleep(SETTLE_S)
 
@@ -79,9 +83,15 @@ def _watch() -> None:
         if (waiting is not None and waiting[1:] != posted
                 and time.monotonic() - waiting[2] >= MARK_AFTER_S):
             posted = waiting[1:]
-            with contextlib.suppress(Exception):  # the store is gone; the wait will say so
+            with contextlib.suppress(StoreFailed):  # the store is gone; the wait will say so
                 waiting[0].set(waiting[1], "1")
         del waiting
+
+
+def _stopped(err: BaseException) -> None:
+    """The thread ended on an error (said already): the next wait starts another."""
+    global _watching
+    _watching = False
 
 
 def _forked() -> None:

@@ -9,11 +9,12 @@ any time (a ``Board``): failure marks, the survivors' vote, the chain of epochs.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..backends.protocol import StoreFailed, StoreFailure, StoreGone, StoreTimedOut
 from ..errors import (
     DistributedTimeoutError,
     RankFailedError,
@@ -23,15 +24,8 @@ from ..errors import (
 )
 from ..geometry.topology import Hosts, hosts_from_names
 from ..host import knobs, wire
-from ..job.failures import (
-    FIX_FAILED,
-    FIX_LATE,
-    Dead,
-    death_watch,
-    diagnose,
-    named_failures,
-    store_call,
-)
+from ..job.failures import FIX_FAILED, FIX_LATE, diagnose, named_failures, store_call
+from ..job.watch import Dead, death_watch
 from . import arrivals as _arrivals
 from . import keys as _keys
 from .plane import PEEK_S, Tally
@@ -40,12 +34,68 @@ if TYPE_CHECKING:
     from ..backends.protocol import Store
     from ..job.context import JobContext
 
+T = TypeVar("T")
+
+
+class JobStore:
+    """The job's store as the control plane uses it: the engine's store, whose failures are
+    raised as ``StoreGone`` or ``StoreTimedOut`` (the engine's error their cause).
+
+    ``judge`` is the engine's ``store_failure``: the one place that decides what a store
+    call's exception means. On rank 3 of a gloo job whose rank 0 has exited, ``set`` raises
+    StoreGone("the job's store failed: Broken pipe") from torch's DistNetworkError; a
+    ``multi_get`` that waited out the store's 300 s raises StoreTimedOut; a TypeError (a
+    bug of ours) comes through as it is. Meets the ``Store`` Protocol itself.
+    """
+
+    def __init__(self, store: Store, judge: Callable[[BaseException], StoreFailure | None]):
+        self._store = store
+        self._judge = judge
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._call(lambda: self._store.set(key, value))
+
+    def get(self, key: str) -> bytes:
+        return self._call(lambda: self._store.get(key))
+
+    def check(self, keys: list[str]) -> bool:
+        return self._call(lambda: self._store.check(keys))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return self._call(lambda: self._store.multi_get(keys))
+
+    def multi_set(self, keys: list[str], values: list[str]) -> None:
+        self._call(lambda: self._store.multi_set(keys, values))
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        return self._call(lambda: self._store.compare_set(key, expected, desired))
+
+    def clone(self) -> JobStore:
+        return JobStore(self._call(self._store.clone), self._judge)
+
+    @property
+    def timeout(self) -> timedelta:
+        return self._store.timeout
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._store.set_timeout(timeout)
+
+    def _call(self, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except Exception as err:  # noqa: BLE001 - judged by the engine; anything else re-raised
+            kind = self._judge(err)
+            if kind is None:
+                raise
+            failed = StoreGone if kind == "gone" else StoreTimedOut
+            raise failed(f"the job's store failed: {str(err).strip()[:300]}") from err
+
 
 class StoreBoard:
-    """A ``Board`` over a key-value store: its verbs, each bounded by the store's timeout
-    (or by PEEK_S inside ``briefly()``)."""
+    """A ``Board`` over the job's store: its verbs, each bounded by the store's timeout (or
+    by PEEK_S inside ``briefly()``); a store that fails raises ``StoreFailed``."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: JobStore):
         self._store = store
 
     def post(self, key: str, value: str) -> None:
@@ -66,7 +116,7 @@ class StoreBoard:
 
     @contextmanager
     def briefly(self) -> Iterator[None]:
-        store: Any = self._store
+        store = self._store
         before = store.timeout
         store.set_timeout(timedelta(seconds=PEEK_S))
         try:
@@ -98,7 +148,7 @@ class StoreControl(StoreBoard):
     """
 
     def __init__(self, world: JobContext, store: Store):
-        super().__init__(store)
+        super().__init__(JobStore(store, world.engine.store_failure))
         self._world = world
 
     # -- Control ----------------------------------------------------------------------------
@@ -138,7 +188,7 @@ class StoreControl(StoreBoard):
                  ) -> dict[int, str]:
         world = self._world
         key = world.spmd.key
-        with suppress(RuntimeError, OSError):
+        with suppress(StoreFailed):  # the store is gone: nothing is read below either
             self.post(key(_keys.EXCHANGE, name=name, rank=world.rank), text)
         keys = [key(_keys.EXCHANGE, name=name, rank=r) for r in wanted]
         deadline = time.monotonic() + wait_s
@@ -150,7 +200,7 @@ class StoreControl(StoreBoard):
                 time.sleep(0.05)
             present = [i for i in range(len(keys)) if i not in unset]
             values = self.wait([keys[i] for i in present]) if present else []
-        except (RuntimeError, OSError):  # the store is gone: nothing to read
+        except StoreFailed:  # the store is gone: nothing to read
             return {}
         return {wanted[i]: v for i, v in zip(present, values, strict=True)}
 
@@ -202,7 +252,7 @@ class StoreControl(StoreBoard):
         (``control/arrivals.py``)."""
         world, store, group = self._world, self._store, name
         mark = world.spmd.key(_keys.BARRIER_MARK, group=group, n=n, rank=world.rank)
-        _arrivals.begin(store, mark)
+        _arrivals.begin(store, mark, world.rank)
         try:
             yield
         except DistributedTimeoutError as err:
@@ -220,7 +270,7 @@ class StoreControl(StoreBoard):
         tcp://), lingers until every rank is done or ``grace_s`` is over, so no rank's last
         read meets a closed server."""
         world = self._world
-        with suppress(RuntimeError, OSError):
+        with suppress(StoreFailed):  # the store is gone: nobody is left to wait for
             self.post(world.spmd.key(_keys.LEFT, rank=world.rank), "1")
             if world.rank == 0:
                 deadline = time.monotonic() + grace_s + 1.0
@@ -261,16 +311,14 @@ class StoreControl(StoreBoard):
         """The values of ``keys`` once every one is posted; waits up to the world's timeout."""
         try:
             return self.wait(keys)
-        except (RuntimeError, OSError) as err:
-            timed_out = self._world.engine.classify(err) == "timeout"
-            raise self.diagnosed(step, n, err, timed_out) from err
+        except StoreFailed as err:
+            raise self.diagnosed(step, n, err, isinstance(err, StoreTimedOut)) from err
 
     def _notice(self, n: int, notice: str, ranks: Sequence[int]) -> None:
         """Post ``notice`` as check #n's outcome and in place of each of ``ranks`` that never
         posted, which wakes every waiter that can still reach the store and releases the first
         member. Runs on the watcher thread, so it goes through a clone (its own connection)."""
-        # the store died too (the wait will say so), or a torch without Store.clone
-        with suppress(RuntimeError, OSError, AttributeError):
+        with suppress(StoreFailed):  # the store died too: the wait will say so
             other = self.clone()
             other.decide(self._key(_keys.CHECK_OUTCOME, n), notice)
             for rank in ranks:
@@ -310,7 +358,7 @@ class StoreControl(StoreBoard):
             note = (f"gave_up {time.time():.6f} rank {world.rank} stopped waiting after "
                     f"{world.timeout.total_seconds():g} s; missing then: "
                     f"{format_ranks(missing)}")
-            with suppress(RuntimeError, OSError):  # the store is gone: the late rank will see
+            with suppress(StoreFailed):  # the store is gone: the late rank will see
                 self.decide(self._key(_keys.CHECK_OUTCOME, n), note)
         return diagnose(world, step, err, timed_out, dead=dead, missing=missing,
                         store_gone=store_gone)

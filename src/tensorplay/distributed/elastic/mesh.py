@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from ..backends.protocol import StoreFailed
 from ..control.consensus import agree
 from ..errors import (
     ArgumentError,
@@ -52,8 +53,8 @@ from ..geometry.shrink import shrink
 from ..geometry.spec import MeshSpec
 from ..host import knobs, wire
 from ..host.wire import Recovery
-from ..job.failures import dead_on_this_host
 from ..job.lifecycle import leave_unheard
+from ..job.watch import dead_on_this_host
 from ..job.world import World
 from ..mesh.value import DeviceMesh, _laid_out, _make_groups, _not_elastic
 from . import chain
@@ -121,6 +122,7 @@ class ElasticMesh(DeviceMesh):
         without a majority, StaleEpochError on a rank the others already declared lost.
         """
         self._alive("recover()")
+        self._session.watching("recover()")
         return recover(self, err)
 
     def grow(self) -> DeviceMesh:
@@ -134,6 +136,7 @@ class ElasticMesh(DeviceMesh):
         0) once the members finished without it, so no loop waits on for ever.
         """
         self._alive("grow()")
+        self._session.watching("grow()")
         return grow(self)
 
     def _next(self, spec: MeshSpec, plan: Elastic, make: bool = True,
@@ -372,6 +375,6 @@ def _hosts_of(world: World, ranks: tuple[int, ...]) -> tuple[str, ...]:
         return ()
     try:
         hosts = world.hosts()
-    except Exception:  # noqa: BLE001 - a record without hosts rather than a failed recovery
+    except StoreFailed:  # the store is gone: a record without hosts, not a failed recovery
         return ()
     return tuple(sorted({hosts(r) for r in ranks}))

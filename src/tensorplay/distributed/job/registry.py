@@ -13,8 +13,8 @@ DeviceMesh) made over them.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Hashable
-from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -32,6 +32,9 @@ class GroupRegistry:
         self._uses: dict[tuple, list[str]] = {}  # key -> the mesh dims that asked for it
         self._flattened: dict[tuple, dict[str, tuple]] = {}
         self._native: dict[Hashable, Any] = {}
+        # sever (the elastic watcher's thread) and retire (the main thread) one at a time, so
+        # that a group is never severed after it was closed
+        self._breaking = threading.Lock()
 
     def find(self, key: tuple) -> ProcessGroup | None:
         """The group registered under ``key`` ((ordered ranks' key, backend)), or None."""
@@ -72,27 +75,42 @@ class GroupRegistry:
             found = self._native[mesh] = make()
         return found
 
+    def sever(self, epoch: int, engine: Severable, keep: ProcessGroup) -> None:
+        """Break the connections of every group of this registry made and not retired but
+        ``keep`` (the world's), if it is ``epoch``'s: from the elastic watcher's thread, a
+        recovery of ``epoch`` having begun elsewhere. A group closed meanwhile by ``retire``
+        (the main thread's recovery) is retired, so left alone; an engine's error (a bug: a
+        ``Severable`` engine breaks a broken group without one) is raised."""
+        with self._breaking:
+            if self.epoch != epoch:
+                return
+            for group in list(self._groups.values()):  # the main thread may add one
+                engine_group = group.made_engine_group()  # not made: nothing to break
+                if engine_group is not None and not group.retired and group is not keep:
+                    engine.sever(engine_group)
+
     def retire(self, why: str, engine: Severable | None, sever: bool,
                keep: ProcessGroup) -> list[Any]:
         """Retire every group (later use: StaleEpochError ending "... ``why``"); close the
         engine groups of all but ``keep`` (the world's) on a ``Severable`` engine, after
         breaking their connections when ``sever``. Returns those engine groups, whose last
-        references the caller drops (``World.let_go``)."""
+        references the caller drops (``World.let_go``). An engine's error is raised: a
+        ``Severable`` engine breaks and closes a group already broken without one, and a
+        group that stays open would leave its peers blocked with nothing said."""
         self._native.clear()  # the engine's meshes hold our groups' engine groups
         closed = []
-        for group in self._groups.values():
-            if group.retired:
-                continue
-            engine_group = group.retire(why)
-            if engine_group is None or group is keep:
-                continue
-            closed.append(engine_group)
-            if engine is None:  # an engine that cannot sever or close a group: retired only
-                continue
-            if sever:
-                with suppress(Exception):  # a group already broken breaks as it can
+        with self._breaking:
+            for group in self._groups.values():
+                if group.retired:
+                    continue
+                engine_group = group.retire(why)
+                if engine_group is None or group is keep:
+                    continue
+                closed.append(engine_group)
+                if engine is None:  # an engine that cannot sever or close a group: retired only
+                    continue
+                if sever:
                     engine.sever(engine_group)
-            with suppress(Exception):  # and closes as it can
                 engine.close_group(engine_group)
         return closed
 

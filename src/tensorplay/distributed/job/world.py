@@ -19,7 +19,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -38,8 +37,9 @@ from ..geometry.layout import Layout
 from ..geometry.spec import Ranks
 from ..process_group import ProcessGroup, group_name
 from . import progress
-from .failures import collective_error, dead_on_this_host, named_failures, unless_told
+from .failures import collective_error, named_failures
 from .registry import GroupRegistry
+from .watch import dead_on_this_host, unless_told
 
 if TYPE_CHECKING:
     from ..backends.protocol import Engine, Store
@@ -266,12 +266,7 @@ class World:
             return
         if self.spmd.epoch == epoch:  # a group of it still being made is given up (_make)
             self.severed_epoch = max(self.severed_epoch, epoch)
-        for group in self._registry.groups():
-            engine_group = group.made_engine_group()  # a group not made has nothing to break
-            if (self.spmd.epoch == epoch and engine_group is not None and not group.retired
-                    and group is not self.default_group):
-                with suppress(Exception):
-                    engine.sever(engine_group)
+        self._registry.sever(epoch, engine, keep=self.default_group)
 
     def _severed_words(self, epoch: int, ranks: Sequence[int]) -> tuple[str, list[int]] | None:
         """Why a group of ``epoch`` still being made within a bound is given up, or None: a
