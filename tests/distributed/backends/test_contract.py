@@ -193,7 +193,7 @@ class _StandIn:
     core only: the fake engine's answers, its own name."""
 
     name = "ucx"
-    capabilities = _engine.Capabilities(simulated=False, has_store=False, can_abort=False)
+    capabilities = _engine.Capabilities(simulated=False, has_store=False)
 
     def __init__(self) -> None:
         from tensorplay.distributed.backends import fake

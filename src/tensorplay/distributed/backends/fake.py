@@ -86,7 +86,7 @@ class FakeEngine:
     (``Severable``)."""
 
     name = "fake"
-    capabilities = Capabilities(simulated=True, has_store=False, can_abort=False)
+    capabilities = Capabilities(simulated=True, has_store=False)
 
     def default_backend(self) -> str:
         return "fake"

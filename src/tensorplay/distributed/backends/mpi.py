@@ -126,7 +126,7 @@ class MpiEngine:
     elastic meshes (``Severable``: they need a store, which it lacks)."""
 
     name = "mpi"
-    capabilities = Capabilities(simulated=False, has_store=False, can_abort=False)
+    capabilities = Capabilities(simulated=False, has_store=False)
 
     def __init__(self) -> None:
         self.timeout_s = env.DEFAULT_TIMEOUT_S

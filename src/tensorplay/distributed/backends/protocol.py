@@ -81,12 +81,10 @@ class Capabilities:
     has_store: a job-wide key-value store serves the cross-rank check, host map, call counts
         and barrier arrival marks (and the store needs a rendezvous address); without one a
         real (not simulated) world does them with ``GathersText.allgather_text``.
-    can_abort: a pending collective can be aborted from another thread (NCCL's abort).
     """
 
     simulated: bool
     has_store: bool
-    can_abort: bool
 
 
 @dataclass(frozen=True)

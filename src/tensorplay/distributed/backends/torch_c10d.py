@@ -303,7 +303,7 @@ class TorchEngine:
     groups, TCPStore, c10d's calls, torch's DeviceMesh."""
 
     name = "torch"
-    capabilities = Capabilities(simulated=False, has_store=True, can_abort=False)
+    capabilities = Capabilities(simulated=False, has_store=True)
     start = staticmethod(start)
     def __init__(self) -> None:
         self._cuda_device: int | None = None  # chosen by the first 'cuda' mesh of a world
