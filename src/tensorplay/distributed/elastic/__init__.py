@@ -8,6 +8,7 @@
 - ``survivors``: the lost ranks, the same on every survivor; ``shrink``: the geometry, pure;
 - ``recovery``: what an epoch change cost (``mesh.last_recovery``, the launcher's summary).
 
-The static core offers it hooks and nothing else: ``World.open_epoch``, ``World.layer``,
-``World.at_destroy``, ``World.expect_losses``, ``World.note_admitted``, ``World.sever_epoch``.
+The static core offers it hooks and nothing else: ``World.open_epoch``, ``World.sever_epoch``,
+``World.close_epoch``, and the world's ``epochs`` (``Epochs.layer``, ``at_destroy``,
+``expect_losses``, ``admit``).
 """

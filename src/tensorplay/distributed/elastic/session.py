@@ -1,8 +1,8 @@
 """What an elastic job keeps in one world: the newest mesh's shape, the watcher, the finish.
 
-One ``Session`` per world, attached through the world's two hooks and nothing else:
-``World.layer("elastic", ...)`` holds it, ``World.at_destroy`` runs its ``finish`` and
-``World.expect_losses`` tells the failure wording that a lost rank is recovered here, not
+One ``Session`` per world, attached through the world's ``epochs`` and nothing else:
+``Epochs.layer("elastic", ...)`` holds it, ``Epochs.at_destroy`` runs its ``finish`` and
+``Epochs.expect_losses`` tells the failure wording that a lost rank is recovered here, not
 fatal (``_failures`` then advises ``mesh.recover(err)`` and compares no call counts).
 
 The watcher: when a recovery of the current epoch begins anywhere, or the launcher says a
@@ -45,8 +45,8 @@ class Session:
         self.shape: tuple[int, ...] | None = None  # the newest elastic mesh's shape
         self.recoveries: list[Recovery] = []  # one per epoch change this rank went through
         self._tells = False  # this rank sends the records to tensorplay-run (see record)
-        world.at_destroy(self.finish)
-        world.expect_losses(FIX_ELASTIC)
+        world.epochs.at_destroy(self.finish)
+        world.epochs.expect_losses(FIX_ELASTIC)
         self._watch()
 
     def entered(self, decision: dict[str, Any]) -> None:
@@ -55,8 +55,8 @@ class Session:
         self.shape = tuple(decision["shape"])
         for rank, who in decision.get("admitted", {}).items():
             pid, host = who.split()[:2]
-            self._world.note_admitted(int(rank), int(pid), host == env.hostname(),
-                                      wire.instance_of(who))
+            self._world.epochs.admit(int(rank), int(pid), host == env.hostname(),
+                                     wire.instance_of(who))
 
     def record(self, recovery: Recovery, first: bool) -> None:
         """Keep what an epoch change cost; the first rank of the new mesh (``first``) also
@@ -97,7 +97,7 @@ class Session:
             while world.alive:
                 epoch = world.spmd.epoch
                 with suppress(Exception):  # the store gone: the main thread will say so
-                    loss = wire.naming(world.members(), world.admitted_from)
+                    loss = wire.naming(world.members(), world.epochs.admitted_from)
                     if loss is not None:  # a node lost: whoever is blocked with it is freed
                         board.decide(keys.ELASTIC_RECOVERING.format(epoch=epoch),
                                      f"{world.rank} {loss['text']}")
@@ -113,4 +113,4 @@ class Session:
 
 def session_of(world: World) -> Session:
     """The world's elastic session, made (and its watcher started) on first use."""
-    return world.layer("elastic", lambda: Session(world))
+    return world.epochs.layer("elastic", lambda: Session(world))

@@ -1,13 +1,14 @@
 """The job as a cross-rank helper sees it: a narrow, read-only view of the World.
 
-The helpers that word failures (``_failures``), check arguments across ranks
-(``_consensus``), count calls (``_accounting``), watch progress (``_progress``) and carry the
-control plane (``_control_store``, ``_control_gather``) take a ``JobContext``, not the
-``World``: they read these fields and call these methods, and write nothing. ``World`` meets
-it as it is (a Protocol: no import of ``world`` is needed, so none of these modules sits in an
-import circle with it). On rank 5 of a (2, 4) gloo job: rank 5, size 8, backend "gloo",
-timeout 300 s, the torch engine, its ``StoreControl``, ``host_pids`` {4: 812, 5: 813, ...} for
-the ranks of its host, ``members()`` range(8) until an elastic mesh lost a slice.
+The helpers that word failures (``failures``), check arguments across ranks
+(``control/consensus``), count calls (``control/accounting``), watch progress (``progress``)
+and carry the control plane (``control/store``, ``control/gather``) take a ``JobContext``,
+not the ``World``: they read these fields and call these methods, and assign nothing.
+``World`` meets it as it is (a Protocol: no import of ``world`` is needed, so none of these
+modules sits in an import circle with it). On rank 5 of a (2, 4) gloo job: rank 5, size 8,
+backend "gloo", timeout 300 s, the torch engine, its ``StoreControl``, the epoch's groups
+(``registry``), ``epochs.host_pids`` {4: 812, 5: 813, ...} for the ranks of its host,
+``members()`` range(8) until an elastic mesh lost a slice.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
     from ..backends.protocol import Engine
     from ..control.keys import Spmd
     from ..control.plane import Control
-    from ..process_group import ProcessGroup
+    from .epochs import Epochs
+    from .registry import GroupRegistry
 
 
 class JobContext(Protocol):
@@ -41,18 +43,12 @@ class JobContext(Protocol):
     @property
     def control(self) -> Control: ...
     @property
-    def host_pids(self) -> dict[int, int] | None: ...  # rank -> pid of this host's ranks
+    def registry(self) -> GroupRegistry: ...  # the current epoch's groups
     @property
-    def admitted_from(self) -> dict[int, str]: ...  # rank -> launcher instance ("1.2")
-    @property
-    def recovery_fix(self) -> str | None: ...  # a layer's advice after a loss (elastic)
+    def epochs(self) -> Epochs: ...  # host pids, admissions, a layer's advice after a loss
     @property
     def alive(self) -> bool: ...
 
     def members(self) -> Sequence[int]:
         """The ranks that take part in cross-rank checks."""
-        ...
-
-    def groups(self) -> list[ProcessGroup]:
-        """Every group of the current epoch, the world group included."""
         ...

@@ -49,8 +49,8 @@ DEATH_GRACE_S = 1.0  # a peer's socket closes a moment before its process is rea
 
 def fix_failed(world: JobContext) -> str:
     """The advice after a lost rank: restart the job, or what the layer that recovers from
-    losses says (``World.expect_losses``: recover an elastic mesh)."""
-    return world.recovery_fix or FIX_FAILED
+    losses says (``Epochs.expect_losses``: recover an elastic mesh)."""
+    return world.epochs.recovery_fix or FIX_FAILED
 
 
 FIX_LATE = (
@@ -108,7 +108,7 @@ def collective_error(world: JobContext, err: BaseException, what: str,
     where = f"{what} on {group.label}"
     # peers that finished left this call waiting? A call count that differs says so (not
     # where a layer recovers from losses: there a loss is expected)
-    if kind in ("peer_lost", "timeout") and world.recovery_fix is None:
+    if kind in ("peer_lost", "timeout") and world.epochs.recovery_fix is None:
         stray = accounting.check_after_failure(world, group)
         if stray is not None:
             return stray
@@ -191,7 +191,7 @@ def _worded(world: JobContext, step: str, said: str, dead: list[Dead], missing: 
         return DistributedTimeoutError(step, world.timeout.total_seconds(), missing,
                                        said.strip(), who=who)
     parts = [f"{step} failed: the connection to a peer rank broke"]
-    loss = wire.naming(world.members(), world.admitted_from)  # a node lost (elastic)
+    loss = wire.naming(world.members(), world.epochs.admitted_from)  # a node lost (elastic)
     if never:
         parts.append(never)
     elif loss is not None:
@@ -211,7 +211,7 @@ def death_watch(world: JobContext, notify: Callable[[list[Dead]], None],
     Under tensorplay-run, also watch for the launcher's verdict (``wire.VERDICT_FILE``): a node
     lost or a failure elsewhere calls ``notify_lost(text, ranks)`` once instead.
     """
-    others = {r: p for r, p in (world.host_pids or {}).items() if r != world.rank}
+    others = {r: p for r, p in (world.epochs.host_pids or {}).items() if r != world.rank}
     verdict_file = os.environ.get(wire.VERDICT_FILE) if notify_lost is not None else None
     if not others and not verdict_file:
         yield
@@ -362,7 +362,7 @@ def dead_on_this_host(world: JobContext, wait_s: float) -> list[tuple[int, int]]
     this looks again for up to that long before answering that none died.
     """
     deadline = time.monotonic() + wait_s
-    pids = world.host_pids or {}
+    pids = world.epochs.host_pids or {}
     while True:
         dead = sorted((r, p) for r, p in pids.items() if r != world.rank and not procfs.alive(p))
         if dead or time.monotonic() >= deadline:

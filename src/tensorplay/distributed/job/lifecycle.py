@@ -33,7 +33,7 @@ from ..host import env
 from ..process_group import ProcessGroup, check_ranks_in_world
 from . import progress
 from .failures import named_failures
-from .world import World
+from .world import GroupName, World
 
 if TYPE_CHECKING:
     from ..backends.protocol import Engine, Running
@@ -246,7 +246,7 @@ def destroy_process_group() -> None:
         leave_unheard(world)
         return
     _WORLD = None
-    for call in world._at_destroy:
+    for call in world.epochs.calls_at_destroy():
         with suppress(RuntimeError, OSError):
             call()
     try:
@@ -329,4 +329,4 @@ def new_group(
                 f"use backend={world.backend!r}",
             )
     with named_failures(world, f"new_group(ranks={format_ranks(members)})"):
-        return world.group(Ranks.of(members), backend, desc)
+        return world.group(Ranks.of(members), backend, GroupName(kind=desc))
