@@ -50,6 +50,7 @@ from .protocol import (
     Capabilities,
     Engine,
     FailureKind,
+    Joined,
     NativeMeshes,
     Running,
     Severable,
@@ -197,8 +198,9 @@ def start(
         )
         store = c10d._get_default_store()
         store.set(keys.joined(rank), _joined_mark())
-    ENGINE.group_store = c10d._get_default_store()
-    return Started(dist.group.WORLD, _ours(store))
+    # our groups meet in c10d's own store of the world (our keys are under their names)
+    return Started(dist.group.WORLD, _ours(store),
+                   TorchWorld(c10d._get_default_store(), adopted=False))
 
 
 def _ours(store: dist.Store) -> Store:
@@ -299,20 +301,13 @@ def _first_line(err: BaseException) -> str:
 
 
 class TorchEngine:
-    """The c10d engine (``_engine.Engine``, ``NativeMeshes``, ``Severable``): gloo and nccl
-    groups, TCPStore, c10d's calls, torch's DeviceMesh."""
+    """The c10d engine as the registry gives it (``Engine``, ``NativeMeshes``): it starts or
+    adopts a world, reads c10d's, gloo's and the store's exceptions, converts meshes, and
+    keeps nothing of any world: each world's state is its ``TorchWorld``."""
 
     name = "torch"
     capabilities = Capabilities(simulated=False, has_store=True)
     start = staticmethod(start)
-    def __init__(self) -> None:
-        self._cuda_device: int | None = None  # chosen by the first 'cuda' mesh of a world
-        self._made: list[Any] = []  # the c10d groups we made in the current world
-        # id(group) -> its (fd, inode); None until prepare_elastic: only an elastic world's
-        # groups are severed, so only they are noted
-        self._sockets: dict[int, set[tuple[int, str]]] | None = None
-        self._ops: dict[int, TorchGroupOps] = {}  # elastic worlds: id(engine group) -> its calls
-        self.group_store: Any = None  # where our groups meet: set by start() and adopt()
 
     def default_backend(self) -> str:
         """nccl when CUDA is usable, else gloo."""
@@ -328,6 +323,80 @@ class TorchEngine:
                 f"backend='gloo' on CPU, or install a CUDA build of torch for nccl."
             )
 
+    def running(self) -> Running | None:
+        """torch.distributed's world when someone else initialised it."""
+        if not dist.is_initialized():
+            return None
+        return Running(dist.get_backend(), dist.get_rank(), dist.get_world_size())
+
+    def adopt(self, timeout: timedelta) -> Started:
+        """torch.distributed's world group, and its store under a fresh key prefix (where our
+        groups meet too, apart from the owner's keys)."""
+        store = dist.PrefixStore(keys.world_prefix(keys.next_world()),
+                                 c10d._get_default_store())
+        store.set(keys.joined(dist.get_rank()), _joined_mark())
+        return Started(dist.group.WORLD, _ours(store), TorchWorld(store, adopted=True))
+
+    def group_members(self, obj: object) -> tuple[list[int], str] | None:
+        """(ranks in group order, backend) of a torch ProcessGroup made outside the package."""
+        if not isinstance(obj, dist.ProcessGroup):
+            return None
+        return dist.get_process_group_ranks(obj), dist.get_backend(obj)
+
+    def classify(self, err: BaseException) -> FailureKind | None:
+        """What a c10d, gloo or store exception means; the one place that reads their text."""
+        if not isinstance(err, RuntimeError | OSError):
+            return None
+        lowered = str(err).lower()
+        if isinstance(err, dist.DistStoreError) or "timed out" in lowered or "timeout" in lowered:
+            return "timeout"
+        if isinstance(err, dist.DistNetworkError | ConnectionError) or any(
+                s in lowered for s in ("connection", "closed", "reset by peer", "broken pipe")):
+            return "peer_lost"
+        return "other"
+
+    def backend_for_device(self, device_type: str, world_backend: str) -> str:
+        """gloo for a 'cpu' mesh on an nccl world (NCCL moves CUDA tensors only)."""
+        return "gloo" if device_type == "cpu" and world_backend == "nccl" else world_backend
+
+    def rank_array(self, array: Any) -> torch.Tensor:
+        """The rank array as an int64 tensor sharing its memory."""
+        return torch.from_numpy(array)
+
+    def to_native_mesh(self, view: Any, root: Any) -> Any:
+        """torch's DeviceMesh over the view's c10d groups (``torch_mesh.py``)."""
+        from .torch_mesh import to_native
+
+        return to_native(view, root)
+
+    def mesh_from_native(self, obj: object) -> Any:
+        """torch's DeviceMesh ``obj`` described for adoption (``torch_mesh.py``)."""
+        from .torch_mesh import from_native
+
+        return from_native(obj)
+
+
+class TorchWorld(TorchEngine):
+    """The c10d engine as one world runs it (``Joined``, ``Severable``; ``Started.engine``):
+    the groups it made there, their sockets and calls once an elastic mesh asked
+    (``prepare_elastic``), the CUDA device of its meshes, and the store its groups meet in.
+
+    In a world of 8 gloo ranks with a (2, 4) elastic mesh, rank 5's holds its two mesh groups'
+    c10d objects (``_made``; the world group is c10d's own), the sockets each opened as it was
+    made (to 3 peers in "tp" [4, 5, 6, 7], to 1 in "dp" [1, 5]) and their calls (``_ops``,
+    refused after a sever). A second world of the process gets a new one, with none of these.
+    """
+
+    def __init__(self, group_store: Any, adopted: bool) -> None:
+        self._group_store = group_store  # where our groups meet
+        self._adopted = adopted  # started outside the package: its owner tears it down
+        self._cuda_device: int | None = None  # chosen by the world's first 'cuda' mesh
+        self._made: list[Any] = []  # the c10d groups we made in this world
+        # id(group) -> its (fd, inode); None until prepare_elastic: only an elastic world's
+        # groups are severed, so only they are noted
+        self._sockets: dict[int, set[tuple[int, str]]] | None = None
+        self._ops: dict[int, TorchGroupOps] = {}  # elastic worlds: id(engine group) -> its calls
+
     def new_group(
         self, name: str, ranks: Any, backend: str, timeout: timedelta, desc: str
     ) -> Any:
@@ -341,7 +410,7 @@ class TorchEngine:
             ranks.index(dist.get_rank()),
             ranks,
             backend,
-            self.group_store,
+            self._group_store,
             cast("GroupName", name),  # torch's NewType of str, for its group names
             timeout=timeout,
             group_desc=desc,
@@ -351,6 +420,39 @@ class TorchEngine:
         if noted is not None:
             noted[id(group)] = _sockets() - before
         return group
+
+    def ops(self, engine_group: Any, group: Any, failed: Any) -> Any:
+        """The collectives of ``group`` on c10d group ``engine_group``."""
+        from .torch_collectives import TorchGroupOps
+
+        ops = TorchGroupOps(engine_group, group.backend, group.size(), failed,
+                            breakable=self._sockets is not None)
+        if self._sockets is not None:  # an elastic world: sever() may refuse its calls
+            self._ops[id(engine_group)] = ops
+        return ops
+
+    def use_device(self, device_type: str) -> None:
+        """For a 'cuda' mesh: keep the current CUDA device, else take LOCAL_RANK's; never
+        guess. Chosen once per world (this one), and logged."""
+        if device_type != "cuda" or self._cuda_device is not None:
+            return
+        if not torch.cuda.is_available():
+            raise bad_argument("device_type", "cuda", "CUDA is not available in this process",
+                               "use device_type='cpu', or run where torch.cuda.is_available()")
+        if torch.cuda.is_initialized():
+            self._cuda_device = torch.cuda.current_device()
+            log.info("cuda mesh: keeping the current device cuda:%d", self._cuda_device)
+            return
+        local = env.local_rank_from_env()
+        if local is None:
+            raise LaunchEnvError(
+                "init_device_mesh('cuda'): no current CUDA device and LOCAL_RANK is not set, "
+                "so the device for this rank is unknown. Fix: launch with tensorplay-run or "
+                "torchrun (they set LOCAL_RANK), or call torch.cuda.set_device(i) first."
+            )
+        self._cuda_device = local % torch.cuda.device_count()
+        torch.cuda.set_device(self._cuda_device)
+        log.info("cuda mesh: set device cuda:%d from LOCAL_RANK=%d", self._cuda_device, local)
 
     def prepare_elastic(self) -> None:
         """Groups made from now on can be severed: their sockets are noted as they are made
@@ -396,104 +498,17 @@ class TorchEngine:
         if engine_group in c10d._world.pg_map:
             dist.destroy_process_group(engine_group)
 
-    def ops(self, engine_group: Any, group: Any, failed: Any) -> Any:
-        """The collectives of ``group`` on c10d group ``engine_group``."""
-        from .torch_collectives import TorchGroupOps
-
-        ops = TorchGroupOps(engine_group, group.backend, group.size(), failed,
-                            breakable=self._sockets is not None)
-        if self._sockets is not None:  # an elastic world: sever() may refuse its calls
-            self._ops[id(engine_group)] = ops
-        return ops
-
-    def group_members(self, obj: object) -> tuple[list[int], str] | None:
-        """(ranks in group order, backend) of a torch ProcessGroup made outside the package."""
-        if not isinstance(obj, dist.ProcessGroup):
-            return None
-        return dist.get_process_group_ranks(obj), dist.get_backend(obj)
-
-    def classify(self, err: BaseException) -> FailureKind | None:
-        """What a c10d, gloo or store exception means; the one place that reads their text."""
-        if not isinstance(err, RuntimeError | OSError):
-            return None
-        lowered = str(err).lower()
-        if isinstance(err, dist.DistStoreError) or "timed out" in lowered or "timeout" in lowered:
-            return "timeout"
-        if isinstance(err, dist.DistNetworkError | ConnectionError) or any(
-                s in lowered for s in ("connection", "closed", "reset by peer", "broken pipe")):
-            return "peer_lost"
-        return "other"
-
-    def backend_for_device(self, device_type: str, world_backend: str) -> str:
-        """gloo for a 'cpu' mesh on an nccl world (NCCL moves CUDA tensors only)."""
-        return "gloo" if device_type == "cpu" and world_backend == "nccl" else world_backend
-
-    def use_device(self, device_type: str) -> None:
-        """For a 'cuda' mesh: keep the current CUDA device, else take LOCAL_RANK's; never
-        guess. Chosen once per world, and logged."""
-        if device_type != "cuda" or self._cuda_device is not None:
-            return
-        if not torch.cuda.is_available():
-            raise bad_argument("device_type", "cuda", "CUDA is not available in this process",
-                               "use device_type='cpu', or run where torch.cuda.is_available()")
-        if torch.cuda.is_initialized():
-            self._cuda_device = torch.cuda.current_device()
-            log.info("cuda mesh: keeping the current device cuda:%d", self._cuda_device)
-            return
-        local = env.local_rank_from_env()
-        if local is None:
-            raise LaunchEnvError(
-                "init_device_mesh('cuda'): no current CUDA device and LOCAL_RANK is not set, "
-                "so the device for this rank is unknown. Fix: launch with tensorplay-run or "
-                "torchrun (they set LOCAL_RANK), or call torch.cuda.set_device(i) first."
-            )
-        self._cuda_device = local % torch.cuda.device_count()
-        torch.cuda.set_device(self._cuda_device)
-        log.info("cuda mesh: set device cuda:%d from LOCAL_RANK=%d", self._cuda_device, local)
-
-    def rank_array(self, array: Any) -> torch.Tensor:
-        """The rank array as an int64 tensor sharing its memory."""
-        return torch.from_numpy(array)
-
-    def running(self) -> Running | None:
-        """torch.distributed's world when someone else initialised it."""
-        if not dist.is_initialized():
-            return None
-        return Running(dist.get_backend(), dist.get_rank(), dist.get_world_size())
-
-    def adopt(self, timeout: timedelta) -> Started:
-        """torch.distributed's world group, and its store under a fresh key prefix."""
-        store = dist.PrefixStore(keys.world_prefix(keys.next_world()),
-                                 c10d._get_default_store())
-        store.set(keys.joined(dist.get_rank()), _joined_mark())
-        self.group_store = store  # our groups' keys stay under our prefix, apart from its own
-        return Started(dist.group.WORLD, _ours(store))
-
-    def to_native_mesh(self, view: Any, root: Any) -> Any:
-        """torch's DeviceMesh over the view's c10d groups (``torch_mesh.py``)."""
-        from .torch_mesh import to_native
-
-        return to_native(view, root)
-
-    def mesh_from_native(self, obj: object) -> Any:
-        """torch's DeviceMesh ``obj`` described for adoption (``torch_mesh.py``)."""
-        from .torch_mesh import from_native
-
-        return from_native(obj)
-
-    def destroy(self, adopted: bool) -> None:
+    def destroy(self) -> None:
         """Tear c10d down: every group, or in an adopted world only the groups we made (its
         owner tears the world down)."""
-        self._cuda_device = None
-        made, self._made, self.group_store = self._made, [], None
-        self._sockets = None
+        made, self._made, self._group_store = self._made, [], None
         for var, value in _picked.items():  # the interface was this world's choice, not the
             if os.environ.get(var) == value:  # process's: a later world or child chooses anew
                 del os.environ[var]
         _picked.clear()
         if not dist.is_initialized():
             return
-        if not adopted:
+        if not self._adopted:
             dist.destroy_process_group()
             return
         for group in made:
@@ -527,7 +542,10 @@ def _shut(fd: int, inode: str) -> None:
 
 
 ENGINE = TorchEngine()
-_CLAIMS: tuple[Engine, NativeMeshes, Severable] = (ENGINE,) * 3  # mypy: the core, 2 capabilities
+JOINED = TorchWorld  # the class of Started.engine
+_CLAIMS: tuple[Engine, NativeMeshes] = (ENGINE,) * 2  # mypy: the core and 1 capability
+if TYPE_CHECKING:  # mypy: a world's engine meets the core per world and 2 capabilities
+    _WORLD_CLAIMS: tuple[type[Joined], type[NativeMeshes], type[Severable]] = (JOINED,) * 3
 
 
 def probe() -> list[str]:

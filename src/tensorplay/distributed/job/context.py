@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ..backends.protocol import Engine
+    from ..backends.protocol import Joined
     from ..control.keys import Spmd
     from ..control.plane import Control
     from .epochs import Epochs
@@ -37,7 +37,7 @@ class JobContext(Protocol):
     @property
     def timeout(self) -> timedelta: ...
     @property
-    def engine(self) -> Engine: ...
+    def engine(self) -> Joined: ...  # the engine as this world runs it
     @property
     def spmd(self) -> Spmd: ...
     @property

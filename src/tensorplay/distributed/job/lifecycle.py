@@ -104,7 +104,7 @@ def init_process_group(
     started = engine.start(
         backend, init_method, rank=rank, world_size=world_size, timeout=wait, master=master
     )
-    _join(World(rank, world_size, backend, wait, engine, started.store,
+    _join(World(rank, world_size, backend, wait, started.engine, started.store,
                 world_group=started.world_group, strict=strict), progress_s)
 
 
@@ -118,8 +118,8 @@ def _adopt(engine: Engine, found: Running, backend: object, timeout: object,
     started = engine.adopt(wait)
     log.info("adopted the %s world already started: rank %d of %d", found.backend,
              found.rank, found.world_size)
-    _join(World(found.rank, found.world_size, found.backend, wait, engine, started.store,
-                world_group=started.world_group, adopted=True, strict=strict), progress_s)
+    _join(World(found.rank, found.world_size, found.backend, wait, started.engine,
+                started.store, world_group=started.world_group, strict=strict), progress_s)
 
 
 def _join(world: World, progress_s: float) -> None:

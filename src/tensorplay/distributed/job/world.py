@@ -49,7 +49,7 @@ from .failures import collective_error, dead_on_this_host, named_failures, unles
 from .registry import GroupRegistry
 
 if TYPE_CHECKING:
-    from ..backends.protocol import Engine, Store
+    from ..backends.protocol import Joined, Store
     from ..control.plane import Control
 
 log = logging.getLogger("tensorplay.distributed")
@@ -101,13 +101,13 @@ class World:
     rank: int
     size: int
     backend: str
-    timeout: timedelta  # the one bound of every wait of this world; the engine is given it
-    engine: Engine
+    timeout: timedelta  # the bound of every wait of this world, owned here: the engine is
+    # given it at start (and each group as it is made), and keeps no other
+    engine: Joined  # the engine as this world runs it (``Started.engine``)
     store: Store | None
     world_group: InitVar[Any] = None  # the engine's group of the whole world
     spmd: keys.Spmd = field(default_factory=keys.Spmd)
     host_pids: InitVar[dict[int, int] | None] = None  # this host's ranks, if known already
-    adopted: bool = False  # the engine's world was started outside the package
     strict: bool = False  # check every collective's fingerprint across its group (_strict)
     default_group: ProcessGroup = field(init=False)
     control: Control = field(init=False)  # what the ranks decide together (``control/``)
@@ -294,7 +294,7 @@ class World:
         progress.stop()
         self.store = None
         self.control = SoloControl(self)  # drops the store's last reference: its server closes
-        self.engine.destroy(self.adopted)
+        self.engine.destroy()
 
 
 LET_GO_S = 10.0  # how long after an epoch ends its engine groups are torn down
