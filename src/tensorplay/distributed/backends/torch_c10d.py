@@ -1,5 +1,10 @@
-"""The torch.distributed (c10d) engine: gloo on CPU, NCCL on GPU. With
-``torch_collectives.py`` beside it, the only place that imports torch.
+"""The torch.distributed (c10d) engine: gloo on CPU, NCCL on GPU. With the other ``torch_*``
+modules beside it (``torch_rendezvous.py``: where the ranks meet; ``torch_collectives.py``,
+``torch_mesh.py``, ``torch_store.py``), the only place that imports torch.
+
+``TorchEngine`` (the registry's) starts or adopts a world and keeps nothing of it; the world's
+state (its c10d groups, their sockets and calls once an elastic mesh asked, its CUDA device,
+the store its groups meet in) is its ``TorchWorld``, ``Started.engine``.
 
 Groups are made with c10d's own group helper under a name we derive from the group's ranks,
 backend and epoch, so a group's identity never depends on how many groups were made before it
@@ -28,7 +33,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -44,8 +49,8 @@ from ..errors import (
     LaunchEnvError,
     bad_argument,
 )
-from ..host import env, netif, wire
-from . import torch_store
+from ..host import env
+from . import torch_rendezvous
 from .protocol import (
     Capabilities,
     Engine,
@@ -64,84 +69,6 @@ if TYPE_CHECKING:
     from .torch_collectives import TorchGroupOps
 
 log = logging.getLogger("tensorplay.distributed")
-
-
-def _joined_mark() -> str:
-    """What a rank posts as it joins: its pid and host, which the host exchange reads."""
-    return f"{os.getpid()} {env.hostname()}"
-
-
-def make_tcp_store(
-    host: str, port: int, *, rank: int, world_size: int, timeout: timedelta
-) -> dist.Store:
-    """The store of this process's next world, its keys under ``tensorplay/world_<k>/``.
-
-    Rank 0 serves it, listening only on ``host``; under torchrun the agent serves it and
-    every rank is a client. Either way a store can outlive a world (torchrun's agent; rank
-    0's old server, still up while a fast rank re-inits), so each world this process starts
-    gets its own prefix and reads none of an older world's keys (every rank counts alike,
-    SPMD). A client waits for rank 0 to open its world there, so it never joins an old one.
-    """
-    prefix = keys.world_prefix(keys.next_world())
-    attempt = env.agent_store_attempt()
-    if attempt is not None:
-        netif.await_listener(host, port, time.monotonic() + timeout.total_seconds())
-        client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
-        return dist.PrefixStore(keys.ATTEMPT_PREFIX.format(attempt=attempt) + prefix, client)
-    if rank != 0:
-        return _join_opened_world(host, port, world_size, timeout, prefix)
-    store = dist.PrefixStore(prefix, _serve(host, port, world_size, timeout))
-    store.set(keys.OPENED, "1")
-    return store
-
-
-def _serve(host: str, port: int, world_size: int, timeout: timedelta) -> dist.Store:
-    """Rank 0's TCPStore server, bound to ``host`` alone."""
-    try:
-        listener = netif.listen(host, port, world_size)
-    except OSError as err:
-        raise BackendError(
-            f"rank 0 cannot listen on {host}:{port} for the rendezvous store: {err}. Fix: set "
-            f"MASTER_ADDR to an address of rank 0's machine and MASTER_PORT to a free port."
-        ) from err
-    return torch_store.serve(listener, host, port, timeout)
-
-
-def _join_opened_world(
-    host: str, port: int, world_size: int, timeout: timedelta, prefix: str
-) -> dist.Store:
-    """A client of rank 0's store once rank 0 has opened world ``prefix`` there.
-
-    Connected to rank 0's previous server (still up while rank 0 leaves its last world), the
-    wait ends when that server closes; then connect again, to the new one.
-    """
-    deadline = time.monotonic() + timeout.total_seconds()
-    answered = False
-    while True:
-        netif.await_listener(host, port, deadline)  # the client says what went wrong
-        left = timedelta(seconds=max(deadline - time.monotonic(), 0.001))
-        try:
-            client = dist.TCPStore(host, port, world_size, False, timeout=left)
-        except dist.DistError:
-            if not answered:
-                raise
-            break
-        answered = True
-        store = dist.PrefixStore(prefix, client)
-        try:
-            store.wait([keys.OPENED], left)
-            return store
-        except dist.DistNetworkError:  # that server closed: rank 0 may be starting a new one
-            if time.monotonic() < deadline:
-                continue
-        except dist.DistStoreError:  # timed out
-            pass
-        break
-    raise dist.DistStoreError(
-        f"it answered but never opened world {prefix!r}, this process's world number "
-        f"{keys.worlds_started()}; every rank must call init_process_group the same number "
-        f"of times"
-    )
 
 
 def start(
@@ -163,7 +90,7 @@ def start(
         step = f"init_process_group rendezvous at {master[0]}:{master[1]}"
         began = time.monotonic()
         try:
-            store = make_tcp_store(
+            store = torch_rendezvous.make_tcp_store(
                 master[0], master[1], rank=rank, world_size=world_size, timeout=timeout
             )
         except DistributedError:
@@ -172,10 +99,10 @@ def start(
             raise _rendezvous_error(step, err, began, timeout, [0], "Rank 0 serves the "
                                     "store there: it has not started, has exited, or listens "
                                     "on another address or port.") from err
-        store.set(keys.joined(rank), _joined_mark())
-        _pick_interface(master[0])
+        store.set(keys.joined(rank), torch_rendezvous.joined_mark())
+        torch_rendezvous.pick_interface(master[0])
         try:
-            with _alone_if_restarted():
+            with torch_rendezvous.alone_if_restarted():
                 dist.init_process_group(
                     backend, store=store, rank=rank, world_size=world_size, timeout=timeout
                 )
@@ -185,7 +112,7 @@ def start(
     elif init_method.startswith("env://"):  # one rank given no address: nobody to meet
         store = dist.HashStore()
         store.set_timeout(timeout)
-        store.set(keys.joined(rank), _joined_mark())
+        store.set(keys.joined(rank), torch_rendezvous.joined_mark())
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timeout)
     else:
@@ -197,7 +124,7 @@ def start(
             timeout=timeout,
         )
         store = c10d._get_default_store()
-        store.set(keys.joined(rank), _joined_mark())
+        store.set(keys.joined(rank), torch_rendezvous.joined_mark())
     # our groups meet in c10d's own store of the world (our keys are under their names)
     return Started(dist.group.WORLD, _ours(store),
                    TorchWorld(c10d._get_default_store(), adopted=False))
@@ -207,58 +134,6 @@ def _ours(store: dist.Store) -> Store:
     """c10d's store as the package's Store: it meets the protocol, but torch's stubs type
     set() as taking str only and lack clone() and multi_set(), which c10d's Store has."""
     return cast(Store, store)
-
-
-@contextmanager
-def _alone_if_restarted():
-    """For a rank tensorplay-run restarted (elastic mode): c10d's world group is made
-    without meeting the other ranks (gloo connects a pair on its first use, and this group is
-    never used), since they are far past their own start. Its mesh groups, made later by
-    their members, connect at once as usual."""
-    if wire.rank_restart_count() == 0 or os.environ.get(_GLOO_LAZY) is not None:
-        yield
-        return
-    os.environ[_GLOO_LAZY] = "1"
-    try:
-        yield
-    finally:
-        del os.environ[_GLOO_LAZY]
-
-
-_GLOO_LAZY = "TORCH_GLOO_LAZY_INIT"
-_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-_picked: dict[str, str] = {}  # the interface variables this process set (not the user's)
-
-
-def _pick_interface(master_host: str) -> None:
-    """Make gloo (and NCCL) advertise the address this host reaches ``master_host`` from.
-
-    Left alone, gloo advertises the address its host name resolves to, and falls back to
-    127.0.0.1 when the name does not resolve: ranks on other hosts then connect to their own
-    loopback ("Connection refused, remote=[127.0.0.1]"). The interface that routes to
-    MASTER_ADDR is the one every other host can reach this one on. A user's
-    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME always wins, but a loopback one in a job whose
-    MASTER_ADDR is another host's fails now, naming this host, not after a timeout.
-    """
-    route = netif.route_to(master_host)
-    users = {v: os.environ[v] for v in _IFNAME_VARS
-             if os.environ.get(v) and os.environ[v] != _picked.get(v)}
-    chosen = users.get("GLOO_SOCKET_IFNAME")
-    if (chosen and route is not None and not netif.is_local(master_host)
-            and netif.interface_addresses().get(chosen, "").startswith("127.")):
-        raise BackendError(
-            f"host {env.hostname()}: GLOO_SOCKET_IFNAME={chosen} makes gloo advertise a "
-            f"loopback address, which ranks on other hosts cannot reach (MASTER_ADDR "
-            f"{master_host} is another host's, reached through {route.interface}, "
-            f"{route.address}). Fix: unset GLOO_SOCKET_IFNAME, or set "
-            f"GLOO_SOCKET_IFNAME={route.interface}."
-        )
-    if users or route is None:  # the user's choice, or gloo's own (an error then says why)
-        return
-    for var in _IFNAME_VARS:
-        _picked[var] = os.environ[var] = route.interface
-    log.info("gloo advertises %s (interface %s), the address this host %s reaches "
-             "MASTER_ADDR %s from", route.address, route.interface, env.hostname(), master_host)
 
 
 def _rendezvous_error(step: str, err: BaseException, began: float, timeout: timedelta,
@@ -334,7 +209,7 @@ class TorchEngine:
         groups meet too, apart from the owner's keys)."""
         store = dist.PrefixStore(keys.world_prefix(keys.next_world()),
                                  c10d._get_default_store())
-        store.set(keys.joined(dist.get_rank()), _joined_mark())
+        store.set(keys.joined(dist.get_rank()), torch_rendezvous.joined_mark())
         return Started(dist.group.WORLD, _ours(store), TorchWorld(store, adopted=True))
 
     def group_members(self, obj: object) -> tuple[list[int], str] | None:
@@ -502,10 +377,7 @@ class TorchWorld(TorchEngine):
         """Tear c10d down: every group, or in an adopted world only the groups we made (its
         owner tears the world down)."""
         made, self._made, self._group_store = self._made, [], None
-        for var, value in _picked.items():  # the interface was this world's choice, not the
-            if os.environ.get(var) == value:  # process's: a later world or child chooses anew
-                del os.environ[var]
-        _picked.clear()
+        torch_rendezvous.forget_interface()  # this world's choice: a later one chooses anew
         if not dist.is_initialized():
             return
         if not self._adopted:
