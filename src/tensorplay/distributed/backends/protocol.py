@@ -44,7 +44,7 @@ does not define its methods (no stub raises); the caller that needs it raises ou
 "does it have a store?", never "is it torch?". The MPI engine (no store, numpy buffers) meets
 the same core: ``start`` is MPI's init, ``new_group`` one ``Create_group`` per group, ``ops``
 calls the communicator's collectives. What the ranks decide together goes through the
-world's control plane (``_control``): over the store where the engine has one, else over the
+world's control plane (``control/``): over the store where the engine has one, else over the
 engine's ``allgather_text`` (``GathersText``), bounded by the world's timeout.
 """
 

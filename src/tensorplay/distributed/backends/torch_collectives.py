@@ -1,4 +1,4 @@
-"""The collectives of one c10d group (``_engine.GroupOps``): torch tensors and numpy arrays.
+"""The collectives of one c10d group (``protocol.GroupOps``): torch tensors and numpy arrays.
 
 A numpy array is wrapped as a tensor that shares its memory, so results land in the caller's
 array without a copy (a non-contiguous array is copied in and out). all_reduce on a plain

@@ -58,10 +58,14 @@ log = logging.getLogger("tensorplay.distributed")
 @dataclass(frozen=True)
 class GroupName:
     """How the caller of ``World.group`` names the group it asks for, in three words:
-    ``kind`` in errors ("'dp'" gives "the 'dp' group [1, 5]"), ``desc`` to the engine (torch's
-    ``group_desc``: "mesh_dp" for a mesh dim, as torch's own meshes name theirs) and ``use``,
-    the mesh dim that asked ("'ep' of (pp, dp_replicate, efsdp, ep)", listed by
-    ``communicators()``). ``GroupName()`` is a ``new_group`` without a description."""
+    ``kind`` in errors, ``desc`` to the engine (torch's ``group_desc``, as torch's own meshes
+    name theirs) and ``use``, the mesh dim that asked (listed by ``communicators()``).
+
+    ``GroupName("'dp'", "mesh_dp", "'dp' of (dp, tp)")`` on rank 5 of a (2, 4) mesh: errors
+    say "the 'dp' group [1, 5]" and "creating the group [1, 5] (mesh dim 'dp')", torch's
+    group_desc is "mesh_dp", and describe() lists "'dp' of (dp, tp)" beside [1, 5].
+    ``GroupName()``, a ``new_group`` without a description: "creating the group [1, 3]
+    (new_group)"."""
 
     kind: str = ""
     desc: str = ""
@@ -108,7 +112,7 @@ class World:
     world_group: InitVar[Any] = None  # the engine's group of the whole world
     spmd: keys.Spmd = field(default_factory=keys.Spmd)
     host_pids: InitVar[dict[int, int] | None] = None  # this host's ranks, if known already
-    strict: bool = False  # check every collective's fingerprint across its group (_strict)
+    strict: bool = False  # check each collective across its group (control/strict.py)
     default_group: ProcessGroup = field(init=False)
     control: Control = field(init=False)  # what the ranks decide together (``control/``)
     registry: GroupRegistry = field(init=False)  # the current epoch's groups
