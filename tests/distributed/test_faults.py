@@ -71,7 +71,7 @@ def _join(rank: int, tmp: str, timeout_s: float, n: int = N) -> None:
 
 def _attempt(call) -> dict:
     """Run ``call``; return what it raised (or returned) and how long it took."""
-    from tensorplay.distributed import world
+    from tensorplay.distributed.job import lifecycle as world  # holds the world (_WORLD)
 
     created = world._WORLD.registry.created
     start = time.monotonic()
