@@ -71,13 +71,13 @@ def _ours():
         parallelize_module,
     )
 
-    before, made = _counts(), world._WORLD.created
+    before, made = _counts(), world._WORLD.registry.created
     mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=MESH_NAMES)
     block, x, target = make_problem()
     parallelize_module(block, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
     fully_shard(block, mesh=mesh["dp"].to_torch())
     return block, mesh.get_local_rank("dp"), x, target, (*_delta(before),
-                                                          world._WORLD.created - made)
+                                                          world._WORLD.registry.created - made)
 
 
 def _torch():

@@ -83,7 +83,7 @@ def ours(rank: int, eager: bool | None) -> dict:
         views = {name: root.reshape(shape, names) for name, (shape, names) in VIEWS.items()}
         loss = views["data"]["batch", "cp"].flatten("loss")
         setup_s = time.perf_counter() - start
-        at_setup = world.created
+        at_setup = world.registry.created
         groups = [v.get_group(n) for v in views.values() for n in v.mesh_dim_names or ()]
         groups.append(loss.get_group())
         for group in groups:  # one collective on every dim of every view
@@ -91,7 +91,7 @@ def ours(rank: int, eager: bool | None) -> dict:
         by_ranks = {}
         for group in groups:  # coinciding layouts: one object
             assert by_ranks.setdefault(tuple(group.ranks), group) is group
-        return {"setup_s": setup_s, "at_setup": at_setup, "used": world.created,
+        return {"setup_s": setup_s, "at_setup": at_setup, "used": world.registry.created,
                 "objects": len({id(g) for g in groups if g is not world.default_group})}
     finally:
         dist.destroy_process_group()

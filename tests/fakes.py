@@ -249,7 +249,7 @@ class ThreadEngine:
     def __init__(self, timeout_s: float):
         from tensorplay.distributed.backends.protocol import Capabilities
 
-        self.capabilities = Capabilities(simulated=False, has_store=True, can_abort=False)
+        self.capabilities = Capabilities(simulated=False, has_store=True)
         self._exchange = _Exchange()
         self._timeout_s = timeout_s
         self.meets = False

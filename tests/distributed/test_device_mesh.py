@@ -32,14 +32,14 @@ def _sum_over(group) -> int:
 
 
 def describe_job(rank: int, shape, names, explicit=None):
-    created = world_module._WORLD.created
+    created = world_module._WORLD.registry.created
     if explicit is None:
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     else:
         kind, values = explicit
         rank_array = {"list": values, "numpy": np.array(values), "torch": torch.tensor(values)}
         mesh = DeviceMesh("cpu", rank_array[kind], mesh_dim_names=names)
-    made = world_module._WORLD.created - created
+    made = world_module._WORLD.registry.created - created
     coord = mesh.get_coordinate()
     info = {"mesh": mesh.mesh.tolist(), "coord": coord, "shape": mesh.shape, "ndim": mesh.ndim,
             "made": made, "rank": mesh.get_rank(), "size": mesh.size()}
@@ -110,7 +110,7 @@ def test_explicit_and_subset_meshes(world8):
 
 def slicing_job(rank: int):
     mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))
-    before = world_module._WORLD.created
+    before = world_module._WORLD.registry.created
     out = {}
     for names in ("tp", "dp", ("pp", "tp"), ("pp", "dp", "tp"), ("dp", "tp")):
         sub = mesh[names]
@@ -121,7 +121,7 @@ def slicing_job(rank: int):
                 sub.get_all_groups(), sub.mesh_dim_names, strict=True)],
             "sums": [_sum_over(g) for g in sub.get_all_groups()],
         }
-    out["made_by_slicing"] = world_module._WORLD.created - before
+    out["made_by_slicing"] = world_module._WORLD.registry.created - before
     return out
 
 
@@ -144,23 +144,23 @@ def test_slicing_reuses_groups_and_picks_the_line_through_this_rank(world8):
 
 def _registered() -> set[tuple]:
     """(ranks key, backend) of every group registered in this rank's world."""
-    return {(g.rank_seq.key(), g.backend) for g in world_module._WORLD.groups()}
+    return {(g.rank_seq.key(), g.backend) for g in world_module._WORLD.registry.groups()}
 
 
 def reshape_job(rank: int):
     mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
-    before = world_module._WORLD.created
+    before = world_module._WORLD.registry.created
     flat = mesh["dp", "tp"].flatten()
-    lazy_flatten = world_module._WORLD.created - before  # made at first use
+    lazy_flatten = world_module._WORLD.registry.created - before  # made at first use
     flat_sum = _sum_over(flat.get_group())
-    made_flatten = world_module._WORLD.created - before
+    made_flatten = world_module._WORLD.registry.created - before
     again = mesh["dp_tp"]
     whole = init_device_mesh("cpu", (8,), mesh_dim_names=("all",))
-    before, registered = world_module._WORLD.created, _registered()
+    before, registered = world_module._WORLD.registry.created, _registered()
     split = whole.unflatten("all", (2, 4), ("replicate", "shard"))
-    lazy_unflatten = world_module._WORLD.created - before
+    lazy_unflatten = world_module._WORLD.registry.created - before
     split_sums = [_sum_over(g) for g in split.get_all_groups()]
-    made_unflatten = world_module._WORLD.created - before
+    made_unflatten = world_module._WORLD.registry.created - before
     new_keys = _registered() - registered
     split_keys = {(g.rank_seq.key(), g.backend) for g in split.get_all_groups()}
     alias = mesh._flatten("everything")
@@ -199,9 +199,9 @@ def test_flatten_and_unflatten_groups_move_the_right_data(world8):
 
 def value_job(rank: int):
     mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
-    before = world_module._WORLD.created
+    before = world_module._WORLD.registry.created
     twin = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
-    made_twice = world_module._WORLD.created - before
+    made_twice = world_module._WORLD.registry.created - before
     restored = pickle.loads(pickle.dumps(mesh))
     other = init_device_mesh("cpu", (4, 2), mesh_dim_names=("dp", "tp"))
     wrapped = DeviceMesh.from_group(mesh.get_group("tp"), "cpu", mesh_dim_names=("tp",))
@@ -260,8 +260,8 @@ def hosts_job(rank: int):
     os.environ["TENSORPLAY_HOSTNAME"] = f"node{rank % 2}"  # a round-robin launcher on 2 hosts
     dist.init_process_group("gloo", timeout=30)
     world = world_module._WORLD
-    at_init = {"has_all_hosts": world.known_hosts() is not None, "host_pids": world.host_pids,
-               "pid": os.getpid()}
+    at_init = {"has_all_hosts": world.control.known_hosts() is not None,
+               "host_pids": world.epochs.host_pids, "pid": os.getpid()}
     plain = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     aware = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"), host_aware=True)
     out = {
@@ -316,12 +316,12 @@ def test_reshaping_names_are_checked_before_anything_is_created(fake_world):
     mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("a", "b", "c"))
     mesh["a", "b"].flatten("ab")
     unnamed = init_device_mesh("cpu", (2, 4))
-    before = world.created
+    before = world.registry.created
     with np.testing.assert_raises_regex(dist.ArgumentError, "already flattens"):
         mesh["a", "c"].flatten("ab")
     with np.testing.assert_raises_regex(dist.ArgumentError, "without dim names"):
         unnamed.unflatten(1, (2, 2), ("x", "y"))
-    assert world.created == before  # nothing made by either refused call
+    assert world.registry.created == before  # nothing made by either refused call
     assert unnamed.unflatten(1, (2, 2)).mesh_dim_names is None
     assert init_device_mesh("cpu", (8,)).unflatten(0, (2, 4), ("r", "s")).mesh_dim_names == (
         "r", "s")

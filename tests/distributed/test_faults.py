@@ -71,20 +71,21 @@ def _join(rank: int, tmp: str, timeout_s: float, n: int = N) -> None:
 
 def _attempt(call) -> dict:
     """Run ``call``; return what it raised (or returned) and how long it took."""
-    from tensorplay.distributed.job import lifecycle as world
+    from tensorplay.distributed.job import lifecycle as world  # holds the world (_WORLD)
 
-    created = world._WORLD.created
+    created = world._WORLD.registry.created
     start = time.monotonic()
     try:
         value = call()
     except Exception as err:  # noqa: BLE001 - reported to the test
         return {"error": [c.__name__ for c in type(err).__mro__], "message": str(err),
-                "elapsed": time.monotonic() - start, "made": world._WORLD.created - created,
+                "elapsed": time.monotonic() - start,
+                "made": world._WORLD.registry.created - created,
                 "values": getattr(err, "values", None), "missing": getattr(err, "missing", None),
                 "timeout_s": getattr(err, "timeout_s", None),
                 "ranks": getattr(err, "ranks", None)}
     return {"error": None, "value": value, "elapsed": time.monotonic() - start,
-            "made": world._WORLD.created - created}
+            "made": world._WORLD.registry.created - created}
 
 
 def _check_bounded(result: dict, timeout_s: float) -> None:

@@ -271,8 +271,10 @@ def test_the_interface_chosen_for_a_world_is_dropped_with_it(monkeypatch):
 def _ep(world):
     """Rank 0-3's 'ep' group of a world of 6, registered to be made at its first use."""
     from tensorplay.distributed.geometry.spec import Ranks
+    from tensorplay.distributed.job.world import GroupName
 
-    return world.group(Ranks.of(range(4)), kind="'ep'", make=False, use="'ep' of (ep,)")
+    return world.group(Ranks.of(range(4)), name=GroupName("'ep'", use="'ep' of (ep,)"),
+                       make=False)
 
 
 def _first_use(world):
@@ -280,10 +282,10 @@ def _first_use(world):
     import numpy as np
 
     group = _ep(world)
-    before = (group.made, world.created, _ep(world) is group)
+    before = (group.made, world.registry.created, _ep(world) is group)
     x = np.full(1, float(world.rank))
     group.usable("all_reduce()").all_reduce(x, dist.ReduceOp.SUM, False)
-    return before, (group.made, world.created, float(x[0]), world.uses(group))
+    return before, (group.made, world.registry.created, float(x[0]), world.registry.uses(group))
 
 
 @pytest.mark.slow  # threads meeting over the store: about 0.6 s on a busy machine

@@ -1,7 +1,9 @@
-"""The engine contract: every registered engine meets the core Protocol (``protocol.Engine``)
-and each optional capability it claims, member for member, with the Protocol's parameter
-names; no engine stubs what it lacks ("unreachable", AssertionError); and a capability an
-engine lacks is our typed error where the package needs it, naming the engine.
+"""The engine contract: every registered engine meets the core Protocol (``Engine``, and its
+worlds' engine ``Joined``: the module's ``JOINED`` class) and each optional capability it
+claims, member for member, with the Protocol's parameter names; the registry's engine keeps
+no state of its own (a world's is its ``Joined``); no engine stubs what it lacks
+("unreachable", AssertionError); and a capability an engine lacks is our typed error where the
+package needs it, naming the engine.
 
 The MPI engine is looked at in a child process: loading it starts MPI, and a running MPI
 world would be adopted by a later init_process_group() of this process.
@@ -36,30 +38,45 @@ LAUNCH_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_A
 LOADING_STARTS_A_WORLD = {"mpi"}
 
 
-def _methods(protocol: type) -> dict[str, list[list[str]]]:
-    """A Protocol's methods: name -> [parameter name, kind] of each parameter but self."""
+def _methods(protocol: type, inherited: bool = True) -> dict[str, list[list[str]]]:
+    """A Protocol's methods (with its bases' of the seam, unless not ``inherited``): name ->
+    [parameter name, kind] of each parameter but self."""
+    layers = [k for k in reversed(protocol.__mro__) if k.__module__ == _engine.__name__]
     return {name: [[p.name, p.kind.name] for p in
                    list(inspect.signature(value).parameters.values())[1:]]
-            for name, value in vars(protocol).items()
+            for klass in (layers if inherited else [protocol])
+            for name, value in vars(klass).items()
             if callable(value) and not name.startswith("_")}
 
 
+def _parameters(value: Any, bound: bool) -> Any:
+    """[name, kind] of each parameter of a member (the first, self, left out of a function
+    read off its class), None when absent, "not callable" when not a method."""
+    if value is None or not callable(value):
+        return None if value is None else "not callable"
+    params = [[p.name, p.kind.name] for p in inspect.signature(value).parameters.values()]
+    return params if bound else params[1:]
+
+
 def _describe(module: str) -> dict[str, Any]:
-    """What one engine has (run in the child): its name, capabilities, the capabilities
-    isinstance finds, and for every member of the core and the capabilities its
-    parameters (None when absent, "not callable" when not a method)."""
+    """What one engine has (run in the child): its name, capabilities, its own state (none
+    may be kept), the capabilities it claims, and for every member of the core and the
+    capabilities its parameters; the same of its worlds' engine class (``JOINED``), whose
+    own members are ``Joined``'s and the capabilities'."""
     engine = backends._load(module)
+    joined = sys.modules[f"{backends.__name__}.{module}"].JOINED
     wanted = set(_methods(_engine.Engine)).union(*(_methods(c) for c in CAPABILITIES))
-    members: dict[str, Any] = {}
-    for name in sorted(wanted):
-        value = getattr(engine, name, None)
-        members[name] = (None if value is None else "not callable" if not callable(value)
-                         else [[p.name, p.kind.name]
-                               for p in inspect.signature(value).parameters.values()])
+    world = set(_methods(_engine.Joined, inherited=False)).union(
+        *(_methods(c) for c in CAPABILITIES))
     return {"name": engine.name, "capabilities": type(engine.capabilities).__name__,
             "data": {n: hasattr(engine, n) for n in _engine.Engine.__annotations__},
+            "state": sorted(vars(engine)),
             "claims": [c.__name__ for c in CAPABILITIES if isinstance(engine, c)],
-            "members": members}
+            "members": {n: _parameters(getattr(engine, n, None), True) for n in sorted(wanted)},
+            "world": {"is_engine": isinstance(engine, joined) or issubclass(joined, type(engine)),
+                      "claims": [c.__name__ for c in CAPABILITIES if issubclass(joined, c)],
+                      "members": {n: _parameters(getattr(joined, n, None), False)
+                                  for n in sorted(world)}}}
 
 
 def _child_env() -> dict[str, str]:
@@ -98,38 +115,52 @@ def _engine_of(described: dict[str, Any], module: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("module", MODULES)
-def test_every_engine_meets_the_core(described, module):
+def test_every_engine_meets_the_core_and_keeps_no_world(described, module):
+    """The registry's engine meets ``Engine`` and holds no state (each world's is its
+    ``Joined``); its worlds' engine class is an engine of its kind meeting ``Joined``."""
     engine = _engine_of(described, module)
     assert engine["capabilities"] == "Capabilities"
     assert all(engine["data"].values()), engine["data"]  # name and capabilities
+    assert engine["state"] == [], f"{engine['name']} keeps {engine['state']}"
     for name, params in _methods(_engine.Engine).items():
         assert engine["members"][name] == params, (
             f"{engine['name']}.{name}: {engine['members'][name]}, the Protocol's: {params}")
+    world = engine["world"]
+    assert world["is_engine"], engine["name"]
+    for name, params in _methods(_engine.Joined, inherited=False).items():
+        assert world["members"][name] == params, (
+            f"{engine['name']}'s world: {name} {world['members'][name]}, the Protocol's: "
+            f"{params}")
 
 
 @pytest.mark.parametrize("module", MODULES)
 def test_every_capability_is_met_whole_or_not_at_all(described, module):
-    """What isinstance finds is all there, with the Protocol's parameters; a capability not
-    claimed has none of its members (no half-met capability, no leftover stub)."""
+    """What isinstance (issubclass for a world's class) finds is all there, with the
+    Protocol's parameters; a capability not claimed has none of its members (no half-met
+    capability, no leftover stub)."""
     engine = _engine_of(described, module)
-    for capability in CAPABILITIES:
-        methods = _methods(capability)
-        if capability.__name__ in engine["claims"]:
-            for name, params in methods.items():
-                assert engine["members"][name] == params, (
-                    f"{engine['name']}.{name}: {engine['members'][name]}, the "
-                    f"{capability.__name__} Protocol's: {params}")
-        else:
-            present = [n for n in methods if engine["members"][n] is not None]
-            assert not present, f"{engine['name']} has {present} of {capability.__name__}"
+    for who, found in ((engine["name"], engine), (f"{engine['name']}'s world", engine["world"])):
+        for capability in CAPABILITIES:
+            methods = _methods(capability)
+            if capability.__name__ in found["claims"]:
+                for name, params in methods.items():
+                    assert found["members"][name] == params, (
+                        f"{who}.{name}: {found['members'][name]}, the "
+                        f"{capability.__name__} Protocol's: {params}")
+            else:
+                present = [n for n in methods if found["members"][n] is not None]
+                assert not present, f"{who} has {present} of {capability.__name__}"
 
 
 def test_the_torch_engine_has_every_capability_and_the_others_none(described):
-    claims = {module: set(d["claims"]) for module, d in described.items()}
-    assert claims.get("torch_c10d", {"NativeMeshes", "Severable"}) == {"NativeMeshes",
-                                                                     "Severable"}
-    assert claims["fake"] == set()
-    assert claims.get("mpi", {"GathersText"}) == {"GathersText"}
+    """Per process (the registry's) and per world (``Started.engine``): the torch engine
+    converts meshes in both, and severs groups in a world; MPI gathers texts in a world."""
+    claims = {module: (set(d["claims"]), set(d["world"]["claims"]))
+              for module, d in described.items()}
+    assert claims.get("torch_c10d", ({"NativeMeshes"}, {"NativeMeshes", "Severable"})) == (
+        {"NativeMeshes"}, {"NativeMeshes", "Severable"})
+    assert claims["fake"] == (set(), set())
+    assert claims.get("mpi", (set(), {"GathersText"})) == (set(), {"GathersText"})
 
 
 def _stubs(path: Path) -> list[str]:
@@ -190,10 +221,11 @@ def test_a_simulated_world_names_itself_where_torch_meshes_are_needed(fake_world
 
 class _StandIn:
     """A minimal real (not simulated) engine of a 1-rank world without a store, meeting the
-    core only: the fake engine's answers, its own name."""
+    core only (as the engine of its world, ``Joined``): the fake engine's answers, its own
+    name."""
 
     name = "ucx"
-    capabilities = _engine.Capabilities(simulated=False, has_store=False, can_abort=False)
+    capabilities = _engine.Capabilities(simulated=False, has_store=False)
 
     def __init__(self) -> None:
         from tensorplay.distributed.backends import fake
@@ -202,7 +234,7 @@ class _StandIn:
         self.new_groups: list[str] = []
 
     def __getattr__(self, name: str) -> Any:
-        if name in _methods(_engine.Engine):
+        if name in _methods(_engine.Joined):
             return getattr(self._fake, name)
         raise AttributeError(name)
 
@@ -230,7 +262,7 @@ def stand_in_world():
 
 def test_a_stand_in_meets_the_core_and_claims_nothing():
     engine = _StandIn()
-    for name, params in _methods(_engine.Engine).items():
+    for name, params in _methods(_engine.Joined).items():
         got = [[p.name, p.kind.name] for p in inspect.signature(getattr(engine, name))
                .parameters.values()]
         assert got == params, name

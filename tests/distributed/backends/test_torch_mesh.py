@@ -38,7 +38,7 @@ MESHES = {
 
 def _counts() -> tuple[int, int]:
     """(groups this rank helped create, c10d groups in this process)."""
-    return world_module._WORLD.created, len(c10d._world.pg_map)
+    return world_module._WORLD.registry.created, len(c10d._world.pg_map)
 
 
 def _sums(tm) -> list[int]:

@@ -19,6 +19,7 @@ import tensorplay.distributed as dist
 from tensorplay.distributed.control import accounting
 from tensorplay.distributed.errors import CallMismatchError
 from tensorplay.distributed.geometry.spec import Ranks
+from tensorplay.distributed.job.world import GroupName
 from tests import spawn
 from tests.fakes import ThreadRanks
 
@@ -62,7 +63,7 @@ def test_an_extra_all_reduce_on_rank_0_is_named_with_the_tp_group():
 def _tp(world):
     """The 'tp' group of a (2, 4) mesh through this rank: [0-3] or [4-7]."""
     first = world.rank // 4 * 4
-    return world.group(Ranks.of(range(first, first + 4)), kind="'tp'")
+    return world.group(Ranks.of(range(first, first + 4)), name=GroupName("'tp'"))
 
 
 def _counted(calls_of):

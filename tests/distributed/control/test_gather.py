@@ -22,7 +22,7 @@ class GatherEngine(ThreadEngine):
         super().__init__(timeout_s)
         from tensorplay.distributed.backends.protocol import Capabilities
 
-        self.capabilities = Capabilities(simulated=False, has_store=False, can_abort=False)
+        self.capabilities = Capabilities(simulated=False, has_store=False)
         self._size, self._calls = size, {}  # rank -> its all-gathers so far
         self.ended: list[Any] = []
 

@@ -46,7 +46,7 @@ def test_a_watcher_that_fails_is_said_once_and_the_next_grow_and_recover_raise_i
     made = threading.Barrier(4, action=bites.set)
     ranks = ThreadRanks(4)
     # this test's worlds only: the worlds of earlier tests live on, and their watchers too
-    ours = {id(ranks.world(r).admitted_from) for r in range(4)}
+    ours = {id(ranks.world(r).epochs.admitted_from) for r in range(4)}
 
     def broken(members, admitted_from):
         if bites.is_set() and id(admitted_from) in ours:

@@ -150,13 +150,13 @@ def test_fully_shard_checks_everything_before_it_makes_anything(fake_world, call
                                                                 fix):
     names = {**_fake_meshes(fake_world), "fully_shard": fully_shard, "_model": _model}
     world = world_module._WORLD
-    before = (world.created, world.group_count(), world.spmd.counts())
+    before = (world.registry.created, len(world.registry.groups()), world.spmd.counts())
     with pytest.raises(error) as caught:
         eval(call, names)  # noqa: S307 - our own table of calls
     message = str(caught.value)
     assert message.startswith(start), message
     assert "Fix: " in message and fix in message, message
-    assert (world.created, world.group_count(), world.spmd.counts()) == before
+    assert (world.registry.created, len(world.registry.groups()), world.spmd.counts()) == before
 
 
 def test_a_mesh_of_a_destroyed_world_is_refused(fake_world):

@@ -30,7 +30,7 @@ def test_a_rank_that_ended_after_raising_is_not_named_as_a_second_death():
                                        ranks.world(1).default_group)
     assert isinstance(first, RankFailedError) and first.ranks == [2], first
     assert ranks.store.check([ranks.world(1).spmd.key(keys.FAILED, rank=1)])  # its mark
-    ranks.world(0).host_pids = {0: ME, 1: one, 2: two}  # rank 1 has ended since
+    ranks.world(0).epochs.host_pids = {0: ME, 1: one, 2: two}  # rank 1 has ended since
     err = failures.collective_error(ranks.world(0), lost, "all_reduce()",
                                      ranks.world(0).default_group)
     assert isinstance(err, RankFailedError) and err.ranks == [2], err
@@ -97,7 +97,7 @@ def test_the_failed_mark_is_bounded_when_the_store_is_gone():
 
 def test_a_loss_whose_ranks_were_admitted_again_is_not_blamed(monkeypatch, tmp_path):
     """Node 1's first launcher ("1.1", ranks 2-3) was lost; its second launcher started ranks 2
-    and 3 again and the mesh admitted them (``World.note_admitted``). A broken connection after
+    and 3 again and the mesh admitted them (``Epochs.admit``). A broken connection after
     that is not worded as the old loss, which no longer names them."""
     path = tmp_path / "losses"
     wire.write(str(path), [{"node": 1, "claim": 1, "ranks": [2, 3], "replaced": False,
@@ -109,8 +109,8 @@ def test_a_loss_whose_ranks_were_admitted_again_is_not_blamed(monkeypatch, tmp_p
     before = failures.diagnose(world, "all_reduce()", None, timed_out=False)
     assert "node 1 (hostB, ranks 2-3) is lost" in str(before) and before.ranks == [2, 3]
     for rank in (2, 3):
-        world.note_admitted(rank, 4000 + rank, on_this_host=False, instance="1.2")
+        world.epochs.admit(rank, 4000 + rank, on_this_host=False, instance="1.2")
     after = failures.collective_error(world, broken, "all_reduce()", world.default_group)
     assert isinstance(after, RankFailedError) and "is lost" not in str(after), after
     assert "a rank on another host probably did" in str(after), after
-    assert world.host_pids == {0: ME, 1: ME}  # pids on another host are not watched here
+    assert world.epochs.host_pids == {0: ME, 1: ME}  # pids on another host are not watched here

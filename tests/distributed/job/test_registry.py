@@ -26,27 +26,34 @@ class Severing:
         self.calls.append(("close", engine_group))
 
 
-def _group(ranks: list[int], engine_group: str, rank: int = 1) -> tuple[tuple, ProcessGroup]:
-    seq = Ranks.of(ranks)
-    return (seq.key(), "gloo"), ProcessGroup(seq, rank, "gloo", engine_group, engine_group)
+def _group(ranks: list[int], engine_group: str, rank: int = 1) -> ProcessGroup:
+    return ProcessGroup(Ranks.of(ranks), rank, "gloo", engine_group, engine_group)
 
 
 def test_a_group_is_found_by_its_ordered_ranks_and_backend_only():
     registry = GroupRegistry(epoch=0)
-    key, group = _group([1, 5], "g15")
-    assert registry.add(key, group) is group
-    assert registry.find(key) is group
-    assert registry.find((Ranks.of([5, 1]).key(), "gloo")) is None  # another order
-    assert registry.find((key[0], "nccl")) is None  # another backend
+    group = _group([1, 5], "g15")
+    assert registry.add(group) is group
+    assert registry.find(Ranks.of([1, 5]), "gloo") is group
+    assert registry.find(Ranks.of([5, 1]), "gloo") is None  # another order
+    assert registry.find(Ranks.of([1, 5]), "nccl") is None  # another backend
     assert registry.groups() == [group]
+
+
+def test_the_uses_of_a_group_are_noted_once_each_in_order():
+    registry = GroupRegistry(epoch=0)
+    group = registry.add(_group([0, 1], "g01"))
+    for use in ("'dp' of (dp, tp)", "'ep' of (ep,)", "'dp' of (dp, tp)"):
+        registry.note_use(group, use)
+    assert registry.uses(group) == ["'dp' of (dp, tp)", "'ep' of (ep,)"]
+    assert registry.uses(_group([1, 0], "g10")) == []  # another order: another group
 
 
 def test_retiring_severs_and_closes_every_group_but_the_kept_one_and_hands_them_back():
     registry, engine = GroupRegistry(epoch=3), Severing()
-    world_key, world = _group([0, 1, 2, 3], "world")
-    registry.add(world_key, world)
+    world = registry.add(_group([0, 1, 2, 3], "world"))
     for ranks, name in (([0, 1], "g01"), ([1, 3], "g13")):
-        registry.add(*_group(ranks, name))
+        registry.add(_group(ranks, name))
     closed = registry.retire("belongs to epoch 3", engine, sever=True, keep=world)
     assert closed == ["g01", "g13"]
     assert engine.calls == [("sever", "g01"), ("close", "g01"), ("sever", "g13"),
@@ -59,7 +66,7 @@ def test_retiring_severs_and_closes_every_group_but_the_kept_one_and_hands_them_
 
 def test_an_engine_that_cannot_sever_has_its_groups_retired_only():
     registry = GroupRegistry(epoch=0)
-    registry.add(*_group([0, 1], "g01"))
+    registry.add(_group([0, 1], "g01"))
     assert registry.retire("over", None, sever=True, keep=None) == ["g01"]  # type: ignore[arg-type]
     assert registry.groups()[0].retired
 
@@ -79,7 +86,8 @@ def test_engine_meshes_and_flattened_names_are_kept_per_registry():
 
 def test_release_stops_every_group():
     registry = GroupRegistry(epoch=0)
-    key, group = _group([0, 1], "g01")
-    registry.add(key, group)
+    group = registry.add(_group([0, 1], "g01"))
+    assert not registry.released
     registry.release()
-    assert registry.find(key) is None and group.ops is None
+    assert registry.released
+    assert registry.find(Ranks.of([0, 1]), "gloo") is None and group.ops is None

@@ -287,7 +287,7 @@ def test_a_million_ranks_2d(rank):
     a, b = divmod(rank, 8)
     with fake_world(rank, BIG) as world:
         mesh = init_device_mesh("cpu", (-1, 8), mesh_dim_names=("dp", "tp"))
-        assert world.created == 2
+        assert world.registry.created == 2
         assert mesh.shape == (BIG // 8, 8) and mesh.get_coordinate() == [a, b]
         assert mesh.get_rank([a, b]) == rank and mesh.get_rank([BIG // 8 - 1, 7]) == BIG - 1
         dp, tp = mesh.get_group("dp"), mesh.get_group("tp")
@@ -302,7 +302,7 @@ def test_a_million_ranks_2d(rank):
         flat = mesh.flatten()
         assert flat.get_coordinate() == [rank] and flat.get_group().size() == BIG
         assert flat.get_group() is world.default_group
-        assert world.created == 2
+        assert world.registry.created == 2
 
 
 @pytest.mark.parametrize("rank", [0, BIG // 2 + 12345, BIG - 1])
@@ -311,7 +311,7 @@ def test_a_million_ranks_3d(rank):
     b, c = divmod(rest, 8)
     with fake_world(rank, BIG) as world:
         mesh = init_device_mesh("cpu", (-1, 8, 8), mesh_dim_names=("dp", "cp", "tp"))
-        assert world.created == 3
+        assert world.registry.created == 3
         assert mesh.shape == (BIG // 64, 8, 8) and mesh.get_coordinate() == [a, b, c]
         assert [mesh.get_local_rank(n) for n in ("dp", "cp", "tp")] == [a, b, c]
         sizes = [mesh.get_group(d).size() for d in range(3)]
@@ -322,15 +322,16 @@ def test_a_million_ranks_3d(rank):
         assert sliced.shape == (BIG // 64, 8) and sliced.get_coordinate() == [a, c]
         assert sliced.get_rank([1, 3]) == 64 + 8 * b + 3
         flat = sliced.flatten()
-        assert world.created == 3  # a flatten's group is made at its first use
+        assert world.registry.created == 3  # a flatten's group is made at its first use
         group = flat.get_group()
-        assert group.engine_group is None and world.created == 4  # made (the fake's is None)
+        assert group.engine_group is None  # made (the fake's is None)
+        assert world.registry.created == 4
         assert flat.mesh_dim_names == ("dp_tp",) and flat.get_coordinate() == [8 * a + c]
         assert group.size() == BIG // 8 and group.rank() == 8 * a + c
         for i in (0, 7, 8, 8 * a + c, BIG // 8 - 1):
             assert group.global_rank(i) == 64 * (i // 8) + 8 * b + i % 8
         assert mesh["dp_tp"].get_group() is group
-        assert world.created == 4
+        assert world.registry.created == 4
 
 
 # -- (d) how many groups each operation creates -------------------------------------------
@@ -349,51 +350,52 @@ def test_group_creation_counts(size, shape):
     for rank in range(size):
         with fake_world(rank, size) as world:  # every group made as its mesh is
             mesh = init_device_mesh("cpu", shape, mesh_dim_names=names, eager_groups=True)
-            made = world.created
+            made = world.registry.created
             assert made == distinct_new_lines(array, rank, size)
             if 1 not in shape and len(shape) > 1:
                 assert made == len(shape)  # one per dim, not one per line
             again = init_device_mesh("cpu", shape, mesh_dim_names=names)
-            assert again == mesh and world.created == made
+            assert again == mesh and world.registry.created == made
             for dims in ordered_subsets(len(shape)):
                 mesh[tuple(names[d] for d in dims)]
-            assert world.created == made  # slicing creates none
+            assert world.registry.created == made  # slicing creates none
             known = {tuple(range(size))} | {tuple(ref_line(array, rank, d))
                                             for d in range(len(shape))}
             for dims in ordered_subsets(len(shape), min_size=2):
                 picked = tuple(names[d] for d in dims)
                 merged = tuple(ref_select(array, dims, rank).reshape(-1).tolist())
-                before = world.created
+                before = world.registry.created
                 mesh[picked].flatten()
-                assert world.created == before + (merged not in known)  # one, if new
+                assert world.registry.created == before + (merged not in known)  # one, if new
                 known.add(merged)
-                after = world.created
+                after = world.registry.created
                 mesh[picked].flatten()
-                assert world.created == after  # the same flatten again: none
+                assert world.registry.created == after  # the same flatten again: none
             assert mesh.flatten().get_group() is world.default_group
 
 
 def test_flatten_creates_exactly_one_group_at_its_first_use():
     with fake_world(6, 16) as world:
         mesh = init_device_mesh("cpu", (2, 2, 4), mesh_dim_names=("a", "b", "c"))
-        assert world.created == 3
+        assert world.registry.created == 3
         flat = mesh["a", "c"].flatten()
-        assert world.created == 3 and flat.get_group().ranks == [4, 5, 6, 7, 12, 13, 14, 15]
+        assert world.registry.created == 3
+        assert flat.get_group().ranks == [4, 5, 6, 7, 12, 13, 14, 15]
         dist.all_reduce(np.zeros(1), group=flat.get_group())
-        assert world.created == 4
+        assert world.registry.created == 4
         assert mesh["a", "c"].flatten().get_group() is flat.get_group()
         dist.all_reduce(np.zeros(1), group=mesh["a_c"].get_group())
-        assert world.created == 4
+        assert world.registry.created == 4
 
 
 def test_unflatten_creates_only_the_new_dims():
     with fake_world(5, 16) as world:
         mesh = init_device_mesh("cpu", (2, 8), mesh_dim_names=("dp", "tp"))
-        assert world.created == 2
+        assert world.registry.created == 2
         split = mesh.unflatten("tp", (2, 4), ("tp0", "tp1"))
-        assert world.created == 2  # at first use
+        assert world.registry.created == 2  # at first use
         assert [split.get_group(n).engine_group for n in ("tp0", "tp1")] == [None, None]
-        assert world.created == 4
+        assert world.registry.created == 4
         assert split.get_group("dp") is mesh.get_group("dp")
         assert split.get_group("tp1").ranks == [4, 5, 6, 7]
 

@@ -186,7 +186,7 @@ def titan(rank, fake_world, roles=True):
 def test_torchtitan_dense_and_expert_views(fake_world, rank):
     dense = titan(rank, fake_world)
     cp_tp = dense["cp", "tp"].flatten()
-    made = dist.world.current_world("test").created
+    made = dist.world.current_world("test").registry.created
     expert = dense.reshape((2, 2, -1, 8), ("pp", "dp_replicate", "efsdp", "ep"),
                            shared=("pp", "dp_replicate"),
                            mesh_dim_roles={"efsdp": "shard", "ep": "expert"})
@@ -197,7 +197,7 @@ def test_torchtitan_dense_and_expert_views(fake_world, rank):
     assert expert.get_group("dp_replicate") is dense.get_group("dp_replicate")
     assert expert.get_group("ep") is cp_tp.get_group()  # cp x tp flattened == ep
     assert expert.get_group("efsdp") is dense.get_group("dp_shard")  # same ordered ranks
-    assert dist.world.current_world("test").created == made  # no new group at all
+    assert dist.world.current_world("test").registry.created == made  # no new group at all
     assert expert.mesh_dim_roles == {"pp": "pipeline", "dp_replicate": "replicate",
                                      "efsdp": "shard", "ep": "expert"}
     # the view belongs to the root: slices and flatten work on it
@@ -211,15 +211,15 @@ def test_an_expert_dim_that_cuts_a_dense_dim_gets_new_groups(fake_world):
     """ep = 8 over dp_shard=8, tp=4 takes half of dp_shard: a new group, numpy's ranks."""
     fake_world(13, 64)
     dense = init_device_mesh("cpu", (2, 8, 4), mesh_dim_names=("pp", "dp_shard", "tp"))
-    made = dist.world.current_world("test").created
+    made = dist.world.current_world("test").registry.created
     expert = dense.reshape((2, 4, 8), ("pp", "efsdp", "ep"), shared=("pp",))
     check_view(expert, np.arange(64).reshape(2, 8, 4), (2, 4, 8), 13)
     assert expert.get_group("pp") is dense.get_group("pp")
     world = dist.world.current_world("test")
-    assert world.created == made  # efsdp and ep are new layouts: made at first use
+    assert world.registry.created == made  # efsdp and ep are new layouts: made at first use
     for name in ("efsdp", "ep"):
         dist.all_reduce(np.zeros(2), group=expert.get_group(name))
-    assert world.created == made + 2
+    assert world.registry.created == made + 2
 
 
 def test_a_flatten_of_view_dims_slices_the_view_and_is_not_offered_elsewhere(fake_world):
@@ -228,10 +228,10 @@ def test_a_flatten_of_view_dims_slices_the_view_and_is_not_offered_elsewhere(fak
     fake_world(0, 8)
     dense = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp_replicate", "dp_shard"))
     expert = dense.reshape((2, 2, 2), ("dp_replicate", "efsdp", "ep"), shared=("dp_replicate",))
-    made = dist.world.current_world("test").created
+    made = dist.world.current_world("test").registry.created
     efsdp_ep = expert["efsdp", "ep"].flatten("efsdp_ep")
     assert efsdp_ep.get_group() is dense.get_group("dp_shard")
-    assert dist.world.current_world("test").created == made  # found, not made
+    assert dist.world.current_world("test").registry.created == made  # found, not made
     assert expert["dp_replicate", "efsdp_ep"].get_group("efsdp_ep") is efsdp_ep.get_group()
     with pytest.raises(UnknownDimError) as err:
         dense["efsdp_ep"]
@@ -446,21 +446,21 @@ def made(mesh):
 def test_a_views_groups_are_made_at_first_use_and_stay_one_object(fake_world):
     dense = titan(5, fake_world)
     world = dist.world.current_world("test")
-    assert made(dense) == [True] * 5 and world.created == 5  # init_device_mesh: at once
+    assert made(dense) == [True] * 5 and world.registry.created == 5  # init_device_mesh: at once
     cut = dense.reshape((4, 32), ("a", "b"))
     sliced, flat = cut["b"], cut.flatten()
-    assert made(cut) == [False, False] and world.created == 5
+    assert made(cut) == [False, False] and world.registry.created == 5
     assert flat.get_group() is world.default_group  # the world's, made with it
     group = cut.get_group("b")
     assert sliced.get_group() is group and cut.reshape((4, 32), ("a", "b")).get_group("b") \
         is group
     dist.all_reduce(np.zeros(2), group=group)
-    assert made(cut) == [False, True] and world.created == 6
+    assert made(cut) == [False, True] and world.registry.created == 6
     assert dense.reshape((4, 32), ("a", "b")).get_group("b") is group  # found, made
     with pytest.raises(ArgumentError, match=r"send\(\): the 'a' group \[5, 37, 69, 101\] has "
                        r"no communicator yet.*Fix: make it first on every member"):
         dist.send(np.zeros(1), 37, group=cut.get_group("a"))
-    assert world.created == 6
+    assert world.registry.created == 6
 
 
 @pytest.mark.parametrize("how", ["keyword", "environment"])
@@ -480,7 +480,7 @@ def test_eager_groups_false_makes_none_until_first_use(fake_world, monkeypatch):
     monkeypatch.setenv("TENSORPLAY_EAGER_GROUPS", "0")
     dense = init_device_mesh("cpu", TITAN, mesh_dim_names=TITAN_NAMES)
     assert made(dense) == [False] * 5
-    assert dist.world.current_world("test").created == 0
+    assert dist.world.current_world("test").registry.created == 0
     monkeypatch.setenv("TENSORPLAY_EAGER_GROUPS", "yes")
     with pytest.raises(dist.LaunchEnvError, match="TENSORPLAY_EAGER_GROUPS='yes': expected "
                        "1 or 0"):
@@ -543,4 +543,4 @@ def test_every_group_of_five_views_is_numpys_and_coinciding_layouts_are_one_obje
     for name, (shape, _) in SMALL.items():
         for d in range(len(shape)):
             assert again[name].get_group(d) is seen[tuple(again[name].get_group(d).ranks)]
-    assert dist.world.current_world("test").created == len(seen)  # each layout made once
+    assert dist.world.current_world("test").registry.created == len(seen)  # each layout made once

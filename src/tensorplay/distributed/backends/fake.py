@@ -13,7 +13,7 @@ from typing import Any
 
 from ..process_group import Work
 from . import arrays
-from .protocol import Capabilities, Engine, FailureKind, Started, StoreFailure
+from .protocol import Capabilities, Engine, FailureKind, Joined, Started, StoreFailure
 
 
 class FakeGroupOps:
@@ -81,12 +81,13 @@ class FakeGroupOps:
 
 
 class FakeEngine:
-    """The simulated engine (``protocol.Engine``, no capability): no processes, no store, no
-    engine groups; so no mesh objects of its own (``NativeMeshes``) and nothing to sever
-    (``Severable``)."""
+    """The simulated engine (``Engine`` and ``Joined``, no capability): no processes, no
+    store, no engine groups; so no mesh objects of its own (``NativeMeshes``) and nothing to
+    sever (``Severable``). It keeps nothing of a world, so it is its own worlds' engine too
+    (``Started.engine``)."""
 
     name = "fake"
-    capabilities = Capabilities(simulated=True, has_store=False, can_abort=False)
+    capabilities = Capabilities(simulated=True, has_store=False)
 
     def default_backend(self) -> str:
         return "fake"
@@ -96,8 +97,8 @@ class FakeEngine:
 
     def start(self, backend: str, init_method: str, *, rank: int, world_size: int,
               timeout: timedelta, master: tuple[str, int] | None) -> Started:
-        """Nothing to start: no engine group, no store."""
-        return Started(None, None)
+        """Nothing to start: no engine group, no store; this engine runs the world."""
+        return Started(None, None, self)
 
     def new_group(self, name: str, ranks: Any, backend: str, timeout: timedelta,
                   desc: str) -> Any:
@@ -141,11 +142,12 @@ class FakeEngine:
     def adopt(self, timeout: timedelta) -> Started:
         """What ``start`` gives: a simulated world has nothing to join (``running()`` is
         never set, so nothing asks)."""
-        return Started(None, None)
+        return Started(None, None, self)
 
-    def destroy(self, adopted: bool) -> None:
+    def destroy(self) -> None:
         """Nothing to tear down."""
 
 
 ENGINE = FakeEngine()
-_CLAIMS: Engine = ENGINE  # mypy: it meets the core (and claims no capability)
+JOINED = FakeEngine  # the class of Started.engine: the engine itself (it keeps no world)
+_CLAIMS: tuple[Engine, Joined] = (ENGINE,) * 2  # mypy: the core, per process and per world

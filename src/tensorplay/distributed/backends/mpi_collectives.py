@@ -3,12 +3,12 @@
 A numpy array, or a CPU torch tensor seen through ``.numpy()``, is handed to MPI as it is:
 results land in the caller's memory without a copy (a non-contiguous one is copied in and
 out). Each call is MPI's blocking collective, as raw mpi4py would make it (MPICH's nonblocking
-ones cost 20-35% more at small sizes, bench/README.md), with the engine's watchdog thread
-watching it: past the world's timeout, or when a member has left, it says why and aborts the
-job. ``async_op=True`` starts the nonblocking twin; its Work's wait() is watched the same way.
-Reductions of types MPI cannot reduce correctly (bfloat16: MPICH rejects it, Open MPI returns
-wrong sums) are refused before anything is sent; the collectives that only move data move
-them as bytes. ``ReduceOp.AVG`` is MPI's sum, divided.
+ones cost 20-35% more at small sizes, bench/README.md), with the process's watchdog thread
+(``mpi_watch.py``) watching it: past the world's timeout, or when a member has left, it says
+why and aborts the job. ``async_op=True`` starts the nonblocking twin; its Work's wait() is
+watched the same way. Reductions of types MPI cannot reduce correctly (bfloat16: MPICH rejects
+it, Open MPI returns wrong sums) are refused before anything is sent; the collectives that
+only move data move them as bytes. ``ReduceOp.AVG`` is MPI's sum, divided.
 
 On the (2, 4) mesh, rank 5's ``all_reduce(a, group=mesh.get_group("tp"))`` is one
 ``Allreduce(IN_PLACE, a, SUM)`` on the communicator of ranks [4, 5, 6, 7].
@@ -29,7 +29,7 @@ from ..process_group import ReduceOp, Work
 from . import arrays
 
 if TYPE_CHECKING:
-    from .mpi import MpiEngine
+    from .mpi import MpiWorld
 
 _MOVABLE_KINDS = "biufc"  # bool, ints, floats, complex: numpy kinds with an MPI type
 _MPI_OPS = {id(ReduceOp.SUM): MPI.SUM, id(ReduceOp.AVG): MPI.SUM,
@@ -119,9 +119,11 @@ class _Pending:
 class MpiGroupOps:
     """Collectives on one communicator, called on a member of it."""
 
-    def __init__(self, engine: MpiEngine, comm: Any, group: Any,
+    def __init__(self, engine: MpiWorld, comm: Any, group: Any,
                  failed: Callable[[BaseException, str], Exception]):
         self._engine = engine
+        self._watch = engine.watch  # this process's watchdog
+        self._bound = engine.timeout_s  # how long a call waits: its world's timeout
         self._comm = comm
         self._group = group
         self._members = group.rank_seq
@@ -130,11 +132,12 @@ class MpiGroupOps:
 
     def _blocking(self, what: str, call: Callable[..., Any], args: tuple,
                   members: Sequence[int] | None) -> Any:
-        """Run a blocking MPI call with the engine's watchdog watching it (its timeout, and
-        the members that leave)."""
+        """Run a blocking MPI call with the watchdog watching it (the world's timeout, and the
+        members that leave)."""
         try:
-            return self._engine.watched(what, self._group, self._members if members is None
-                                        else members, call, *args)
+            return self._watch.watched(self._bound, what, self._group,
+                                       self._members if members is None else members, call,
+                                       *args)
         except MPI.Exception as err:
             raise self._error(err, what) from err
 
@@ -185,14 +188,15 @@ class MpiGroupOps:
             # The hottest call: a plain array MPI reduces as it is, with SUM, PRODUCT, MIN
             # or MAX. It goes straight to MPI, as raw mpi4py would call it, after the checks
             # that the path below makes with words (bench/mpi.py: ~1 µs above raw mpi4py).
-            engine = self._engine
-            engine.call = ("all_reduce()", self._group, time.monotonic(), self._members)
+            watch = self._watch
+            watch.call = ("all_reduce()", self._group, time.monotonic(), self._members,
+                          self._bound)
             try:
                 self._comm.Allreduce(MPI.IN_PLACE, tensor, mpi_op)
             except MPI.Exception as err:
                 raise self._error(err, "all_reduce()") from err
             finally:
-                engine.call = None
+                watch.call = None
             return None
         buf = _Buffer(tensor, "tensor", True)
         array = buf.array

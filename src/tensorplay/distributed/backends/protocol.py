@@ -5,20 +5,23 @@ in-process "fake" world. Everything above ``backends/`` reaches an engine only t
 ``Engine`` and ``GroupOps`` methods below, found by backend name in the registry
 (``backends/__init__.py``); no module above the engines imports one or tests for its name.
 
-The core, ``Engine``, is what every engine has, in the order a job uses it:
+The core comes in two parts, by how long each lives:
 
-1. ``start()`` joins the job's world and returns the engine's world group and its store
-   (``running()``/``adopt()``: a world someone else started, joined as it is);
-2. ``new_group()`` makes the group of some ranks, in the given order, on its members only
-   (``ProcessGroup`` wraps it); ``ops()`` binds the collectives to one such group;
-3. ``classify()`` says what one of the engine's exceptions means (a timeout, a lost peer);
-   ``job/failures.py`` turns that into our errors, worded alike for every engine;
-   ``store_failure()`` says whether a store call's exception means the store is gone (or a
-   wait on it ran out), ``store_reachable()`` whether the store answers now;
-4. ``destroy()`` leaves the world;
-
-and the lookups every engine answers: ``default_backend``, ``check_available``,
-``group_members``, ``backend_for_device``, ``use_device``, ``rank_array``.
+- ``Engine``, the registry's object, one per process, which keeps nothing of any world:
+  ``start()`` joins the job's world (``running()``/``adopt()``: a world someone else
+  started, joined as it is) and returns ``Started``: the engine's world group, its store, and
+  the engine as that world runs it; ``classify()`` says what one of the engine's exceptions
+  means (a timeout, a lost peer; ``job/failures.py`` words our errors from it, alike for every
+  engine); ``store_failure()`` says whether a store call's exception means the store is gone
+  (or a wait on it ran out), ``store_reachable()`` whether the store answers now; and the
+  lookups that need no world: ``default_backend``, ``check_available``,
+  ``group_members``, ``backend_for_device``, ``rank_array``;
+- ``Joined``, ``Started.engine`` (what ``World.engine`` holds): an ``Engine`` that also holds
+  one world's state (its groups, its sockets, its device, its bound), made by ``start`` and
+  dropped after ``destroy``: ``new_group()`` makes the group of some ranks, in the given
+  order, on its members only (``ProcessGroup`` wraps it); ``ops()`` binds the collectives to
+  one such group; ``use_device()`` picks this world's device; ``destroy()`` leaves the world.
+  A second world of the same process gets a new one, so nothing of the first leaks into it.
 
 What only some engines can do is an optional capability: a ``runtime_checkable`` Protocol of
 its own that the package finds with ``isinstance(engine, Capability)``. An engine without one
@@ -29,22 +32,22 @@ does not define its methods (no stub raises); the caller that needs it raises ou
   tensor parallelism and FSDP2 take): ``to_native_mesh()`` builds one over a ``MeshView``
   of our mesh, on our groups; ``mesh_from_native()`` describes one of its own as a
   ``NativeMesh`` for ``DeviceMesh.from_torch()`` to adopt. Only the torch engine.
-- ``Severable``: what an elastic recovery needs of the engine: ``prepare_elastic()``,
-  ``sever()`` (break a group's connections from any thread), ``close_group()`` and
-  ``set_timeout()`` (a group made within a bound gets the world's timeout back). Only the
-  torch engine; without it a world makes no elastic mesh, and an epoch's groups are retired
-  without engine calls.
-- ``GathersText``: ``allgather_text()``, an all-gather of short texts over the whole world on
-  a communicator user code never sees: what a world without a store runs its control plane
-  on (``gather.GatherControl``), and ``tell_ended()``, which tells the members of
-  this rank's groups its final call counts as it ends, so that a member stuck in a stray
-  call names it at once. Only the MPI engine.
+- ``Severable`` (a ``Joined``'s): what an elastic recovery needs of the engine:
+  ``prepare_elastic()``, ``sever()`` (break a group's connections from any thread),
+  ``close_group()`` and ``set_timeout()`` (a group made within a bound gets the world's
+  timeout back). Only the torch engine; without it a world makes no elastic mesh, and an
+  epoch's groups are retired without engine calls.
+- ``GathersText`` (a ``Joined``'s): ``allgather_text()``, an all-gather of short texts over
+  the whole world on a communicator user code never sees: what a world without a store runs
+  its control plane on (``control/gather.py``'s ``GatherControl``), and ``tell_ended()``,
+  which tells the members of this rank's groups its final call counts as it ends, so that a
+  member stuck in a stray call names it at once. Only the MPI engine.
 
 ``Capabilities`` (data, not methods) say what an engine's world is like, so the package asks
 "does it have a store?", never "is it torch?". The MPI engine (no store, numpy buffers) meets
 the same core: ``start`` is MPI's init, ``new_group`` one ``Create_group`` per group, ``ops``
 calls the communicator's collectives. What the ranks decide together goes through the
-world's control plane (``control/plane.py``): over the store where the engine has one, else over the
+world's control plane (``control/``): over the store where the engine has one, else over the
 engine's ``allgather_text`` (``GathersText``), bounded by the world's timeout.
 """
 
@@ -120,20 +123,21 @@ class Capabilities:
     has_store: a job-wide key-value store serves the cross-rank check, host map, call counts
         and barrier arrival marks (and the store needs a rendezvous address); without one a
         real (not simulated) world does them with ``GathersText.allgather_text``.
-    can_abort: a pending collective can be aborted from another thread (NCCL's abort).
     """
 
     simulated: bool
     has_store: bool
-    can_abort: bool
 
 
 @dataclass(frozen=True)
 class Started:
-    """What ``Engine.start`` returns: the engine's group of the whole world and its store."""
+    """What ``Engine.start`` and ``adopt`` return: the engine's group of the whole world, its
+    store (None without one), and ``engine``, the engine as this world runs it (``Joined``),
+    which keeps this world's state so that the registry's engine keeps none."""
 
     world_group: Any
     store: Store | None
+    engine: Joined
 
 
 @dataclass(frozen=True)
@@ -220,9 +224,9 @@ class GroupOps(Protocol):
 
 
 class Engine(Protocol):
-    """The core every engine meets: how a world starts, how groups are made and used, how it
-    fails, and the lookups every engine answers. What only some engines can do is a
-    capability below (``NativeMeshes``, ``Severable``)."""
+    """The core every engine meets, as the registry gives it (one per process, holding nothing
+    of any world): how a world starts, how the engine fails, and the lookups that need no
+    world. What only some engines can do is a capability below (``NativeMeshes``)."""
 
     name: str  # "torch", "fake", ...: for messages and the registry only
     capabilities: Capabilities
@@ -245,7 +249,9 @@ class Engine(Protocol):
         timeout: timedelta,
         master: tuple[str, int] | None,
     ) -> Started:
-        """Join the world; post this rank's join mark (``keys.JOINED``) in the store."""
+        """Join the world; post this rank's join mark (``control/keys.py``'s ``JOINED``) in the
+        store. ``timeout`` is the world's (``World.timeout``, its one owner): the bound of
+        every wait of the engine in this world, given to its ``Joined`` and to each group."""
         ...
 
     def running(self) -> Running | None:
@@ -256,25 +262,7 @@ class Engine(Protocol):
     def adopt(self, timeout: timedelta) -> Started:
         """Join the running world as it is: its world group, and its store under a fresh
         key prefix; post this rank's join mark there, as ``start`` does. ``timeout`` bounds
-        the engine's own waits from now on."""
-        ...
-
-    def new_group(
-        self, name: str, ranks: Ranks, backend: str, timeout: timedelta, desc: str
-    ) -> Any:
-        """The engine group of ``ranks`` in this order, called on members only (a simulated
-        engine must not list them: a group may hold a million ranks)."""
-        ...
-
-    def ops(
-        self, engine_group: Any, group: ProcessGroup,
-        failed: Callable[[BaseException, str], Exception],
-    ) -> GroupOps:
-        """The collectives of ``group`` (whose engine group is ``engine_group``) on a member.
-
-        ``failed(err, what)`` gives the error to raise for the engine's exception ``err`` in
-        collective ``what`` (worded by ``job/failures.py``).
-        """
+        the engine's own waits in this world (its ``Joined`` is given it)."""
         ...
 
     def group_members(self, obj: object) -> tuple[list[int], str] | None:
@@ -304,19 +292,44 @@ class Engine(Protocol):
         (torch: gloo for a 'cpu' mesh on an nccl world, since NCCL moves CUDA tensors only)."""
         ...
 
-    def use_device(self, device_type: str) -> None:
-        """Pick this process's device for a mesh of ``device_type``, once (torch: keep the
-        current CUDA device, else LOCAL_RANK's); raise when it cannot be known."""
-        ...
-
     def rank_array(self, array: Any) -> Any:
         """A mesh's rank array (numpy int64) as the engine's users expect it (torch: a
         tensor)."""
         ...
 
-    def destroy(self, adopted: bool) -> None:
+
+class Joined(Engine, Protocol):
+    """The engine as one world runs it (``Started.engine``, ``World.engine``): the registry's
+    ``Engine`` with this world's state (its groups, its device, its bound), so two worlds of one
+    process share nothing. What only some engines can do in a world is a capability below
+    (``Severable``, ``GathersText``)."""
+
+    def new_group(
+        self, name: str, ranks: Ranks, backend: str, timeout: timedelta, desc: str
+    ) -> Any:
+        """The engine group of ``ranks`` in this order, called on members only (a simulated
+        engine must not list them: a group may hold a million ranks)."""
+        ...
+
+    def ops(
+        self, engine_group: Any, group: ProcessGroup,
+        failed: Callable[[BaseException, str], Exception],
+    ) -> GroupOps:
+        """The collectives of ``group`` (whose engine group is ``engine_group``) on a member.
+
+        ``failed(err, what)`` gives the error to raise for the engine's exception ``err`` in
+        collective ``what`` (worded by ``job/failures.py``).
+        """
+        ...
+
+    def use_device(self, device_type: str) -> None:
+        """Pick this process's device for a mesh of ``device_type``, once per world (torch:
+        keep the current CUDA device, else LOCAL_RANK's); raise when it cannot be known."""
+        ...
+
+    def destroy(self) -> None:
         """Leave the world: every engine group we made stops working; the world itself is
-        torn down only when we started it (not ``adopted``)."""
+        torn down only when we started it (``start``, not ``adopt``)."""
         ...
 
 

@@ -1,5 +1,10 @@
-"""The torch.distributed (c10d) engine: gloo on CPU, NCCL on GPU. With
-``torch_collectives.py`` beside it, the only place that imports torch.
+"""The torch.distributed (c10d) engine: gloo on CPU, NCCL on GPU. With the other ``torch_*``
+modules beside it (``torch_rendezvous.py``: where the ranks meet; ``torch_collectives.py``,
+``torch_mesh.py``, ``torch_store.py``), the only place that imports torch.
+
+``TorchEngine`` (the registry's) starts or adopts a world and keeps nothing of it; the world's
+state (its c10d groups, their sockets and calls once an elastic mesh asked, its CUDA device,
+the store its groups meet in) is its ``TorchWorld``, ``Started.engine``.
 
 Groups are made with c10d's own group helper under a name we derive from the group's ranks,
 backend and epoch, so a group's identity never depends on how many groups were made before it
@@ -28,7 +33,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -44,12 +49,13 @@ from ..errors import (
     LaunchEnvError,
     bad_argument,
 )
-from ..host import env, netif, wire
-from . import torch_store
+from ..host import env, launchers, netif
+from . import torch_rendezvous, torch_store
 from .protocol import (
     Capabilities,
     Engine,
     FailureKind,
+    Joined,
     NativeMeshes,
     Running,
     Severable,
@@ -64,84 +70,6 @@ if TYPE_CHECKING:
     from .torch_collectives import TorchGroupOps
 
 log = logging.getLogger("tensorplay.distributed")
-
-
-def _joined_mark() -> str:
-    """What a rank posts as it joins: its pid and host, which the host exchange reads."""
-    return f"{os.getpid()} {env.hostname()}"
-
-
-def make_tcp_store(
-    host: str, port: int, *, rank: int, world_size: int, timeout: timedelta
-) -> dist.Store:
-    """The store of this process's next world, its keys under ``tensorplay/world_<k>/``.
-
-    Rank 0 serves it, listening only on ``host``; under torchrun the agent serves it and
-    every rank is a client. Either way a store can outlive a world (torchrun's agent; rank
-    0's old server, still up while a fast rank re-inits), so each world this process starts
-    gets its own prefix and reads none of an older world's keys (every rank counts alike,
-    SPMD). A client waits for rank 0 to open its world there, so it never joins an old one.
-    """
-    prefix = keys.world_prefix(keys.next_world())
-    attempt = env.agent_store_attempt()
-    if attempt is not None:
-        netif.await_listener(host, port, time.monotonic() + timeout.total_seconds())
-        client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
-        return dist.PrefixStore(keys.ATTEMPT_PREFIX.format(attempt=attempt) + prefix, client)
-    if rank != 0:
-        return _join_opened_world(host, port, world_size, timeout, prefix)
-    store = dist.PrefixStore(prefix, _serve(host, port, world_size, timeout))
-    store.set(keys.OPENED, "1")
-    return store
-
-
-def _serve(host: str, port: int, world_size: int, timeout: timedelta) -> dist.Store:
-    """Rank 0's TCPStore server, bound to ``host`` alone."""
-    try:
-        listener = netif.listen(host, port, world_size)
-    except OSError as err:
-        raise BackendError(
-            f"rank 0 cannot listen on {host}:{port} for the rendezvous store: {err}. Fix: set "
-            f"MASTER_ADDR to an address of rank 0's machine and MASTER_PORT to a free port."
-        ) from err
-    return torch_store.serve(listener, host, port, timeout)
-
-
-def _join_opened_world(
-    host: str, port: int, world_size: int, timeout: timedelta, prefix: str
-) -> dist.Store:
-    """A client of rank 0's store once rank 0 has opened world ``prefix`` there.
-
-    Connected to rank 0's previous server (still up while rank 0 leaves its last world), the
-    wait ends when that server closes; then connect again, to the new one.
-    """
-    deadline = time.monotonic() + timeout.total_seconds()
-    answered = False
-    while True:
-        netif.await_listener(host, port, deadline)  # the client says what went wrong
-        left = timedelta(seconds=max(deadline - time.monotonic(), 0.001))
-        try:
-            client = dist.TCPStore(host, port, world_size, False, timeout=left)
-        except dist.DistError:
-            if not answered:
-                raise
-            break
-        answered = True
-        store = dist.PrefixStore(prefix, client)
-        try:
-            store.wait([keys.OPENED], left)
-            return store
-        except dist.DistNetworkError:  # that server closed: rank 0 may be starting a new one
-            if time.monotonic() < deadline:
-                continue
-        except dist.DistStoreError:  # timed out
-            pass
-        break
-    raise dist.DistStoreError(
-        f"it answered but never opened world {prefix!r}, this process's world number "
-        f"{keys.worlds_started()}; every rank must call init_process_group the same number "
-        f"of times"
-    )
 
 
 def start(
@@ -163,7 +91,7 @@ def start(
         step = f"init_process_group rendezvous at {master[0]}:{master[1]}"
         began = time.monotonic()
         try:
-            store = make_tcp_store(
+            store = torch_rendezvous.make_tcp_store(
                 master[0], master[1], rank=rank, world_size=world_size, timeout=timeout
             )
         except DistributedError:
@@ -172,10 +100,10 @@ def start(
             raise _rendezvous_error(step, err, began, timeout, [0], "Rank 0 serves the "
                                     "store there: it has not started, has exited, or listens "
                                     "on another address or port.") from err
-        store.set(keys.joined(rank), _joined_mark())
-        _pick_interface(master[0])
+        store.set(keys.joined(rank), torch_rendezvous.joined_mark())
+        torch_rendezvous.pick_interface(master[0])
         try:
-            with _alone_if_restarted():
+            with torch_rendezvous.alone_if_restarted():
                 dist.init_process_group(
                     backend, store=store, rank=rank, world_size=world_size, timeout=timeout
                 )
@@ -185,7 +113,7 @@ def start(
     elif init_method.startswith("env://"):  # one rank given no address: nobody to meet
         store = dist.HashStore()
         store.set_timeout(timeout)
-        store.set(keys.joined(rank), _joined_mark())
+        store.set(keys.joined(rank), torch_rendezvous.joined_mark())
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timeout)
     else:
@@ -197,67 +125,16 @@ def start(
             timeout=timeout,
         )
         store = c10d._get_default_store()
-        store.set(keys.joined(rank), _joined_mark())
-    ENGINE.group_store = c10d._get_default_store()
-    return Started(dist.group.WORLD, _ours(store))
+        store.set(keys.joined(rank), torch_rendezvous.joined_mark())
+    # our groups meet in c10d's own store of the world (our keys are under their names)
+    return Started(dist.group.WORLD, _ours(store),
+                   TorchWorld(c10d._get_default_store(), adopted=False))
 
 
 def _ours(store: dist.Store) -> Store:
     """c10d's store as the package's Store: it meets the protocol, but torch's stubs type
     set() as taking str only and lack clone() and multi_set(), which c10d's Store has."""
     return cast(Store, store)
-
-
-@contextmanager
-def _alone_if_restarted():
-    """For a rank tensorplay-run restarted (elastic mode): c10d's world group is made
-    without meeting the other ranks (gloo connects a pair on its first use, and this group is
-    never used), since they are far past their own start. Its mesh groups, made later by
-    their members, connect at once as usual."""
-    if wire.rank_restart_count() == 0 or os.environ.get(_GLOO_LAZY) is not None:
-        yield
-        return
-    os.environ[_GLOO_LAZY] = "1"
-    try:
-        yield
-    finally:
-        del os.environ[_GLOO_LAZY]
-
-
-_GLOO_LAZY = "TORCH_GLOO_LAZY_INIT"
-_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-_picked: dict[str, str] = {}  # the interface variables this process set (not the user's)
-
-
-def _pick_interface(master_host: str) -> None:
-    """Make gloo (and NCCL) advertise the address this host reaches ``master_host`` from.
-
-    Left alone, gloo advertises the address its host name resolves to, and falls back to
-    127.0.0.1 when the name does not resolve: ranks on other hosts then connect to their own
-    loopback ("Connection refused, remote=[127.0.0.1]"). The interface that routes to
-    MASTER_ADDR is the one every other host can reach this one on. A user's
-    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME always wins, but a loopback one in a job whose
-    MASTER_ADDR is another host's fails now, naming this host, not after a timeout.
-    """
-    route = netif.route_to(master_host)
-    users = {v: os.environ[v] for v in _IFNAME_VARS
-             if os.environ.get(v) and os.environ[v] != _picked.get(v)}
-    chosen = users.get("GLOO_SOCKET_IFNAME")
-    if (chosen and route is not None and not netif.is_local(master_host)
-            and netif.interface_addresses().get(chosen, "").startswith("127.")):
-        raise BackendError(
-            f"host {env.hostname()}: GLOO_SOCKET_IFNAME={chosen} makes gloo advertise a "
-            f"loopback address, which ranks on other hosts cannot reach (MASTER_ADDR "
-            f"{master_host} is another host's, reached through {route.interface}, "
-            f"{route.address}). Fix: unset GLOO_SOCKET_IFNAME, or set "
-            f"GLOO_SOCKET_IFNAME={route.interface}."
-        )
-    if users or route is None:  # the user's choice, or gloo's own (an error then says why)
-        return
-    for var in _IFNAME_VARS:
-        _picked[var] = os.environ[var] = route.interface
-    log.info("gloo advertises %s (interface %s), the address this host %s reaches "
-             "MASTER_ADDR %s from", route.address, route.interface, env.hostname(), master_host)
 
 
 def _rendezvous_error(step: str, err: BaseException, began: float, timeout: timedelta,
@@ -300,20 +177,13 @@ def _first_line(err: BaseException) -> str:
 
 
 class TorchEngine:
-    """The c10d engine (``_engine.Engine``, ``NativeMeshes``, ``Severable``): gloo and nccl
-    groups, TCPStore, c10d's calls, torch's DeviceMesh."""
+    """The c10d engine as the registry gives it (``Engine``, ``NativeMeshes``): it starts or
+    adopts a world, reads c10d's, gloo's and the store's exceptions, converts meshes, and
+    keeps nothing of any world: each world's state is its ``TorchWorld``."""
 
     name = "torch"
-    capabilities = Capabilities(simulated=False, has_store=True, can_abort=False)
+    capabilities = Capabilities(simulated=False, has_store=True)
     start = staticmethod(start)
-    def __init__(self) -> None:
-        self._cuda_device: int | None = None  # chosen by the first 'cuda' mesh of a world
-        self._made: list[Any] = []  # the c10d groups we made in the current world
-        # id(group) -> its (fd, inode); None until prepare_elastic: only an elastic world's
-        # groups are severed, so only they are noted
-        self._sockets: dict[int, set[tuple[int, str]]] | None = None
-        self._ops: dict[int, TorchGroupOps] = {}  # elastic worlds: id(engine group) -> its calls
-        self.group_store: Any = None  # where our groups meet: set by start() and adopt()
 
     def default_backend(self) -> str:
         """nccl when CUDA is usable, else gloo."""
@@ -329,6 +199,93 @@ class TorchEngine:
                 f"backend='gloo' on CPU, or install a CUDA build of torch for nccl."
             )
 
+    def running(self) -> Running | None:
+        """torch.distributed's world when someone else initialised it."""
+        if not dist.is_initialized():
+            return None
+        return Running(dist.get_backend(), dist.get_rank(), dist.get_world_size())
+
+    def adopt(self, timeout: timedelta) -> Started:
+        """torch.distributed's world group, and its store under a fresh key prefix (where our
+        groups meet too, apart from the owner's keys)."""
+        store = dist.PrefixStore(keys.world_prefix(keys.next_world()),
+                                 c10d._get_default_store())
+        store.set(keys.joined(dist.get_rank()), torch_rendezvous.joined_mark())
+        return Started(dist.group.WORLD, _ours(store), TorchWorld(store, adopted=True))
+
+    def group_members(self, obj: object) -> tuple[list[int], str] | None:
+        """(ranks in group order, backend) of a torch ProcessGroup made outside the package."""
+        if not isinstance(obj, dist.ProcessGroup):
+            return None
+        return dist.get_process_group_ranks(obj), dist.get_backend(obj)
+
+    def classify(self, err: BaseException) -> FailureKind | None:
+        """What a c10d, gloo or store exception means; the one place that reads their text."""
+        if not isinstance(err, RuntimeError | OSError):
+            return None
+        lowered = str(err).lower()
+        if isinstance(err, dist.DistStoreError) or "timed out" in lowered or "timeout" in lowered:
+            return "timeout"
+        if isinstance(err, dist.DistNetworkError | ConnectionError) or any(
+                s in lowered for s in ("connection", "closed", "reset by peer", "broken pipe")):
+            return "peer_lost"
+        return "other"
+
+    def store_failure(self, err: BaseException) -> StoreFailure | None:
+        """What a TCPStore call's exception means (``torch_store.failure``: "gone",
+        "timeout", or None for a bug)."""
+        return torch_store.failure(err)
+
+    def store_reachable(self) -> bool:
+        """Whether the job's store, at the launcher's MASTER_ADDR:MASTER_PORT, accepts a
+        connection (True where no launcher says where it is: nothing to probe)."""
+        launch = launchers.detect()
+        if launch is None or not launch.master_addr or not launch.master_port:
+            return True
+        return not netif.refuses(launch.master_addr, launch.master_port)
+
+    def backend_for_device(self, device_type: str, world_backend: str) -> str:
+        """gloo for a 'cpu' mesh on an nccl world (NCCL moves CUDA tensors only)."""
+        return "gloo" if device_type == "cpu" and world_backend == "nccl" else world_backend
+
+    def rank_array(self, array: Any) -> torch.Tensor:
+        """The rank array as an int64 tensor sharing its memory."""
+        return torch.from_numpy(array)
+
+    def to_native_mesh(self, view: Any, root: Any) -> Any:
+        """torch's DeviceMesh over the view's c10d groups (``torch_mesh.py``)."""
+        from .torch_mesh import to_native
+
+        return to_native(view, root)
+
+    def mesh_from_native(self, obj: object) -> Any:
+        """torch's DeviceMesh ``obj`` described for adoption (``torch_mesh.py``)."""
+        from .torch_mesh import from_native
+
+        return from_native(obj)
+
+
+class TorchWorld(TorchEngine):
+    """The c10d engine as one world runs it (``Joined``, ``Severable``; ``Started.engine``):
+    the groups it made there, their sockets and calls once an elastic mesh asked
+    (``prepare_elastic``), the CUDA device of its meshes, and the store its groups meet in.
+
+    In a world of 8 gloo ranks with a (2, 4) elastic mesh, rank 5's holds its two mesh groups'
+    c10d objects (``_made``; the world group is c10d's own), the sockets each opened as it was
+    made (to 3 peers in "tp" [4, 5, 6, 7], to 1 in "dp" [1, 5]) and their calls (``_ops``,
+    refused after a sever). A second world of the process gets a new one, with none of these.
+    """
+
+    def __init__(self, group_store: Any, adopted: bool) -> None:
+        self._group_store = group_store  # where our groups meet
+        self._adopted = adopted  # started outside the package: its owner tears it down
+        self._cuda_device: int | None = None  # chosen by the world's first 'cuda' mesh
+        self._made: list[Any] = []  # the c10d groups we made in this world
+        # id(group) -> its (fd, inode); None until prepare_elastic: only an elastic world's
+        # groups are severed, so only they are noted
+        self._sockets: dict[int, set[tuple[int, str]]] | None = None
+        self._ops: dict[int, TorchGroupOps] = {}  # elastic worlds: id(engine group) -> its calls
+
     def new_group(
         self, name: str, ranks: Any, backend: str, timeout: timedelta, desc: str
     ) -> Any:
@@ -342,7 +299,7 @@ class TorchEngine:
             ranks.index(dist.get_rank()),
             ranks,
             backend,
-            self.group_store,
+            self._group_store,
             cast("GroupName", name),  # torch's NewType of str, for its group names
             timeout=timeout,
             group_desc=desc,
@@ -352,6 +309,39 @@ class TorchEngine:
         if noted is not None:
             noted[id(group)] = _sockets() - before
         return group
+
+    def ops(self, engine_group: Any, group: Any, failed: Any) -> Any:
+        """The collectives of ``group`` on c10d group ``engine_group``."""
+        from .torch_collectives import TorchGroupOps
+
+        ops = TorchGroupOps(engine_group, group.backend, group.size(), failed,
+                            breakable=self._sockets is not None)
+        if self._sockets is not None:  # an elastic world: sever() may refuse its calls
+            self._ops[id(engine_group)] = ops
+        return ops
+
+    def use_device(self, device_type: str) -> None:
+        """For a 'cuda' mesh: keep the current CUDA device, else take LOCAL_RANK's; never
+        guess. Chosen once per world (this one), and logged."""
+        if device_type != "cuda" or self._cuda_device is not None:
+            return
+        if not torch.cuda.is_available():
+            raise bad_argument("device_type", "cuda", "CUDA is not available in this process",
+                               "use device_type='cpu', or run where torch.cuda.is_available()")
+        if torch.cuda.is_initialized():
+            self._cuda_device = torch.cuda.current_device()
+            log.info("cuda mesh: keeping the current device cuda:%d", self._cuda_device)
+            return
+        local = env.local_rank_from_env()
+        if local is None:
+            raise LaunchEnvError(
+                "init_device_mesh('cuda'): no current CUDA device and LOCAL_RANK is not set, "
+                "so the device for this rank is unknown. Fix: launch with tensorplay-run or "
+                "torchrun (they set LOCAL_RANK), or call torch.cuda.set_device(i) first."
+            )
+        self._cuda_device = local % torch.cuda.device_count()
+        torch.cuda.set_device(self._cuda_device)
+        log.info("cuda mesh: set device cuda:%d from LOCAL_RANK=%d", self._cuda_device, local)
 
     def prepare_elastic(self) -> None:
         """Groups made from now on can be severed: their sockets are noted as they are made
@@ -397,127 +387,14 @@ class TorchEngine:
         if engine_group in c10d._world.pg_map:
             dist.destroy_process_group(engine_group)
 
-    def ops(self, engine_group: Any, group: Any, failed: Any) -> Any:
-        """The collectives of ``group`` on c10d group ``engine_group``."""
-        from .torch_collectives import TorchGroupOps
-
-        ops = TorchGroupOps(engine_group, group.backend, group.size(), failed,
-                            breakable=self._sockets is not None)
-        if self._sockets is not None:  # an elastic world: sever() may refuse its calls
-            self._ops[id(engine_group)] = ops
-        return ops
-
-    def group_members(self, obj: object) -> tuple[list[int], str] | None:
-        """(ranks in group order, backend) of a torch ProcessGroup made outside the package."""
-        if not isinstance(obj, dist.ProcessGroup):
-            return None
-        return dist.get_process_group_ranks(obj), dist.get_backend(obj)
-
-    def classify(self, err: BaseException) -> FailureKind | None:
-        """What a c10d, gloo or store exception means; the one place that reads their text."""
-        if not isinstance(err, RuntimeError | OSError):
-            return None
-        lowered = str(err).lower()
-        if isinstance(err, dist.DistStoreError) or "timed out" in lowered or "timeout" in lowered:
-            return "timeout"
-        if isinstance(err, dist.DistNetworkError | ConnectionError) or any(
-                s in lowered for s in ("connection", "closed", "reset by peer", "broken pipe")):
-            return "peer_lost"
-        return "other"
-
-    def store_failure(self, err: BaseException) -> StoreFailure | None:
-        """What a TCPStore call's exception means: "gone" for DistNetworkError (a ``set``
-        once rank 0 has exited: "Broken pipe"; a ``clone`` whose connect timed out) and for
-        any other RuntimeError or OSError not worded as a timeout ("Connection reset by
-        peer"), "timeout" for DistStoreError ("wait timeout after 1000ms, keys: /nokey") and
-        a RuntimeError worded so; None for anything else (a TypeError: a bug)."""
-        if isinstance(err, dist.DistNetworkError | ConnectionError):
-            return "gone"
-        if not isinstance(err, RuntimeError | OSError):
-            return None
-        lowered = str(err).lower()
-        if isinstance(err, dist.DistStoreError) or "timeout" in lowered or "timed out" in lowered:
-            return "timeout"
-        return "gone"
-
-    def store_reachable(self) -> bool:
-        """Whether the job's store, at the launcher's MASTER_ADDR:MASTER_PORT, accepts a
-        connection (True where no launcher says where it is: nothing to probe)."""
-        launch = env.detect()
-        if launch is None or not launch.master_addr or not launch.master_port:
-            return True
-        return not netif.refuses(launch.master_addr, launch.master_port)
-
-    def backend_for_device(self, device_type: str, world_backend: str) -> str:
-        """gloo for a 'cpu' mesh on an nccl world (NCCL moves CUDA tensors only)."""
-        return "gloo" if device_type == "cpu" and world_backend == "nccl" else world_backend
-
-    def use_device(self, device_type: str) -> None:
-        """For a 'cuda' mesh: keep the current CUDA device, else take LOCAL_RANK's; never
-        guess. Chosen once per world, and logged."""
-        if device_type != "cuda" or self._cuda_device is not None:
-            return
-        if not torch.cuda.is_available():
-            raise bad_argument("device_type", "cuda", "CUDA is not available in this process",
-                               "use device_type='cpu', or run where torch.cuda.is_available()")
-        if torch.cuda.is_initialized():
-            self._cuda_device = torch.cuda.current_device()
-            log.info("cuda mesh: keeping the current device cuda:%d", self._cuda_device)
-            return
-        local = env.local_rank_from_env()
-        if local is None:
-            raise LaunchEnvError(
-                "init_device_mesh('cuda'): no current CUDA device and LOCAL_RANK is not set, "
-                "so the device for this rank is unknown. Fix: launch with tensorplay-run or "
-                "torchrun (they set LOCAL_RANK), or call torch.cuda.set_device(i) first."
-            )
-        self._cuda_device = local % torch.cuda.device_count()
-        torch.cuda.set_device(self._cuda_device)
-        log.info("cuda mesh: set device cuda:%d from LOCAL_RANK=%d", self._cuda_device, local)
-
-    def rank_array(self, array: Any) -> torch.Tensor:
-        """The rank array as an int64 tensor sharing its memory."""
-        return torch.from_numpy(array)
-
-    def running(self) -> Running | None:
-        """torch.distributed's world when someone else initialised it."""
-        if not dist.is_initialized():
-            return None
-        return Running(dist.get_backend(), dist.get_rank(), dist.get_world_size())
-
-    def adopt(self, timeout: timedelta) -> Started:
-        """torch.distributed's world group, and its store under a fresh key prefix."""
-        store = dist.PrefixStore(keys.world_prefix(keys.next_world()),
-                                 c10d._get_default_store())
-        store.set(keys.joined(dist.get_rank()), _joined_mark())
-        self.group_store = store  # our groups' keys stay under our prefix, apart from its own
-        return Started(dist.group.WORLD, _ours(store))
-
-    def to_native_mesh(self, view: Any, root: Any) -> Any:
-        """torch's DeviceMesh over the view's c10d groups (``torch_mesh.py``)."""
-        from .torch_mesh import to_native
-
-        return to_native(view, root)
-
-    def mesh_from_native(self, obj: object) -> Any:
-        """torch's DeviceMesh ``obj`` described for adoption (``torch_mesh.py``)."""
-        from .torch_mesh import from_native
-
-        return from_native(obj)
-
-    def destroy(self, adopted: bool) -> None:
+    def destroy(self) -> None:
         """Tear c10d down: every group, or in an adopted world only the groups we made (its
         owner tears the world down)."""
-        self._cuda_device = None
-        made, self._made, self.group_store = self._made, [], None
-        self._sockets = None
-        for var, value in _picked.items():  # the interface was this world's choice, not the
-            if os.environ.get(var) == value:  # process's: a later world or child chooses anew
-                del os.environ[var]
-        _picked.clear()
+        made, self._made, self._group_store = self._made, [], None
+        torch_rendezvous.forget_interface()  # this world's choice: a later one chooses anew
         if not dist.is_initialized():
             return
-        if not adopted:
+        if not self._adopted:
             dist.destroy_process_group()
             return
         for group in made:
@@ -551,7 +428,10 @@ def _shut(fd: int, inode: str) -> None:
 
 
 ENGINE = TorchEngine()
-_CLAIMS: tuple[Engine, NativeMeshes, Severable] = (ENGINE,) * 3  # mypy: the core, 2 capabilities
+JOINED = TorchWorld  # the class of Started.engine
+_CLAIMS: tuple[Engine, NativeMeshes] = (ENGINE,) * 2  # mypy: the core and 1 capability
+if TYPE_CHECKING:  # mypy: a world's engine meets the core per world and 2 capabilities
+    _WORLD_CLAIMS: tuple[type[Joined], type[NativeMeshes], type[Severable]] = (JOINED,) * 3
 
 
 def probe() -> list[str]:

@@ -49,7 +49,7 @@ def _counts(groups: list[ProcessGroup]) -> str:
 
 
 def _mine(world: JobContext) -> list[ProcessGroup]:
-    return [g for g in world.groups() if g.is_member and g.size() > 1 and not g.retired]
+    return [g for g in world.registry.groups() if g.is_member and g.size() > 1 and not g.retired]
 
 
 def check_at_end(world: JobContext) -> None:

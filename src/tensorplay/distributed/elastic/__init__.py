@@ -11,7 +11,8 @@ What it stands on, and calls: the geometry (``geometry/shrink.py``: ``shrink`` a
 pure), the record of an epoch change (``host/wire.py``'s ``Recovery``, ``mesh.last_recovery``
 and the launcher's summary), the control plane (``control/consensus.py``'s ``agree``, a
 ``Board``), the mesh value (``mesh/value.py``: ``DeviceMesh`` and its group making), and the
-world: ``World.open_epoch``, ``layer``, ``at_destroy``, ``expect_losses``, ``note_admitted``,
-``sever_epoch``, ``close_epoch``, ``let_go``, ``hosts``, ``members``, and
+world: ``World.open_epoch``, ``sever_epoch``, ``close_epoch``, ``let_go``, ``members``, the
+world's ``epochs`` (``Epochs.layer``, ``at_destroy``, ``expect_losses``, ``admit``), its
+control plane's ``hosts``, and
 ``job/lifecycle.py``'s ``leave_unheard``.
 """

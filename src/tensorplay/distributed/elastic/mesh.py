@@ -266,7 +266,7 @@ def _seen_dead(world: World) -> list[int]:
     """The ranks this rank knows are gone: their process ended on this host, or the launcher
     declared their node lost (and no newer launcher of it runs them, ``wire.lost_ranks``)."""
     return ([r for r, _ in dead_on_this_host(world, 0.0)]
-            + wire.lost_ranks(world.admitted_from))
+            + wire.lost_ranks(world.epochs.admitted_from))
 
 
 def _let_go(err: BaseException | None) -> None:
@@ -374,7 +374,7 @@ def _hosts_of(world: World, ranks: tuple[int, ...]) -> tuple[str, ...]:
     if not ranks:
         return ()
     try:
-        hosts = world.hosts()
+        hosts = world.control.hosts()
     except StoreFailed:  # the store is gone: a record without hosts, not a failed recovery
         return ()
     return tuple(sorted({hosts(r) for r in ranks}))

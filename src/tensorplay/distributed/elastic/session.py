@@ -1,10 +1,9 @@
 """What an elastic job keeps in one world: the newest mesh's shape, the watcher, the finish.
 
-One ``Session`` per world, attached through the world's hooks: ``World.layer("elastic",
-...)`` holds it, ``World.at_destroy`` runs its ``finish``, ``World.expect_losses`` tells the
-failure wording that a lost rank is recovered here, not fatal (``job/failures.py`` then
-advises ``mesh.recover(err)`` and compares no call counts), and ``World.note_admitted``
-records a restarted rank's process.
+One ``Session`` per world, attached through the world's ``epochs`` and nothing else:
+``Epochs.layer("elastic", ...)`` holds it, ``Epochs.at_destroy`` runs its ``finish`` and
+``Epochs.expect_losses`` tells the failure wording that a lost rank is recovered here, not
+fatal (``job/failures.py`` then advises ``mesh.recover(err)`` and compares no call counts).
 
 The watcher: when a recovery of the current epoch begins anywhere, or the launcher says a
 node holding members of it was lost (``wire.naming``; not members admitted since from a new
@@ -54,8 +53,8 @@ class Session:
         self.recoveries: list[Recovery] = []  # one per epoch change this rank went through
         self._tells = False  # this rank sends the records to tensorplay-run (see record)
         self._watcher_died: tuple[BaseException, float] | None = None  # (error, when)
-        world.at_destroy(self.finish)
-        world.expect_losses(FIX_ELASTIC)
+        world.epochs.at_destroy(self.finish)
+        world.epochs.expect_losses(FIX_ELASTIC)
         self._watch()
 
     def entered(self, decision: dict[str, Any]) -> None:
@@ -64,8 +63,8 @@ class Session:
         self.shape = tuple(decision["shape"])
         for rank, who in decision.get("admitted", {}).items():
             pid, host = who.split()[:2]
-            self._world.note_admitted(int(rank), int(pid), host == knobs.hostname(),
-                                      wire.instance_of(who))
+            self._world.epochs.admit(int(rank), int(pid), host == knobs.hostname(),
+                                     wire.instance_of(who))
 
     def record(self, recovery: Recovery, first: bool) -> None:
         """Keep what an epoch change cost; the first rank of the new mesh (``first``) also
@@ -144,7 +143,7 @@ class Session:
         node holding members of it lost: whoever is blocked with them is freed)."""
         world = self._world
         key = keys.ELASTIC_RECOVERING.format(epoch=epoch)
-        loss = wire.naming(world.members(), world.admitted_from)
+        loss = wire.naming(world.members(), world.epochs.admitted_from)
         if loss is not None:
             board.decide(key, f"{world.rank} {loss['text']}")
         return bool(board.peek([key])[0])
@@ -159,4 +158,4 @@ class Session:
 
 def session_of(world: World) -> Session:
     """The world's elastic session, made (and its watcher started) on first use."""
-    return world.layer("elastic", lambda: Session(world))
+    return world.epochs.layer("elastic", lambda: Session(world))

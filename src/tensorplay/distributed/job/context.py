@@ -7,7 +7,8 @@ The helpers that word failures (``job/failures.py``), check arguments across ran
 call these methods, and write nothing. ``World`` meets it as it is (a Protocol: no import of
 ``job/world.py`` is needed, so none of these modules sits in an import circle with it). On
 rank 5 of a (2, 4) gloo job: rank 5, size 8, backend "gloo", timeout 300 s, the torch engine,
-its ``StoreControl``, ``host_pids`` {4: 812, 5: 813, ...} for the ranks of its host,
+its ``StoreControl``, the epoch's groups (``registry``), ``epochs.host_pids`` {4: 812, 5:
+813, ...} for the ranks of its host,
 ``members()`` range(8) until an elastic mesh lost a slice.
 """
 
@@ -18,10 +19,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ..backends.protocol import Engine
+    from ..backends.protocol import Joined
     from ..control.keys import Spmd
     from ..control.plane import Control
-    from ..process_group import ProcessGroup
+    from .epochs import Epochs
+    from .registry import GroupRegistry
 
 
 class JobContext(Protocol):
@@ -36,24 +38,18 @@ class JobContext(Protocol):
     @property
     def timeout(self) -> timedelta: ...
     @property
-    def engine(self) -> Engine: ...
+    def engine(self) -> Joined: ...  # the engine as this world runs it
     @property
     def spmd(self) -> Spmd: ...
     @property
     def control(self) -> Control: ...
     @property
-    def host_pids(self) -> dict[int, int] | None: ...  # rank -> pid of this host's ranks
+    def registry(self) -> GroupRegistry: ...  # the current epoch's groups
     @property
-    def admitted_from(self) -> dict[int, str]: ...  # rank -> launcher instance ("1.2")
-    @property
-    def recovery_fix(self) -> str | None: ...  # a layer's advice after a loss (elastic)
+    def epochs(self) -> Epochs: ...  # host pids, admissions, a layer's advice after a loss
     @property
     def alive(self) -> bool: ...
 
     def members(self) -> Sequence[int]:
         """The ranks that take part in cross-rank checks."""
-        ...
-
-    def groups(self) -> list[ProcessGroup]:
-        """Every group of the current epoch, the world group included."""
         ...

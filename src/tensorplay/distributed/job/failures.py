@@ -94,7 +94,7 @@ def collective_error(world: JobContext, err: BaseException, what: str,
     where = f"{what} on {group.label}"
     # peers that finished left this call waiting? A call count that differs says so (not
     # where a layer recovers from losses: there a loss is expected)
-    if kind in ("peer_lost", "timeout") and world.recovery_fix is None:
+    if kind in ("peer_lost", "timeout") and world.epochs.recovery_fix is None:
         stray = accounting.check_after_failure(world, group)
         if stray is not None:
             return stray
@@ -182,7 +182,7 @@ def _worded(world: JobContext, step: str, said: str, dead: list[Dead], missing: 
         return DistributedTimeoutError(step, world.timeout.total_seconds(), missing,
                                        said.strip(), who=who)
     parts = [f"{step} failed: the connection to a peer rank broke"]
-    loss = wire.naming(world.members(), world.admitted_from)  # a node lost (elastic)
+    loss = wire.naming(world.members(), world.epochs.admitted_from)  # a node lost (elastic)
     if never:
         parts.append(never)
     elif loss is not None:

@@ -32,7 +32,7 @@ from ..host import knobs, launchers
 from ..process_group import ProcessGroup, check_ranks_in_world
 from . import progress
 from .failures import named_failures
-from .world import World
+from .world import GroupName, World
 
 if TYPE_CHECKING:
     from ..backends.protocol import Engine, Running
@@ -103,7 +103,7 @@ def init_process_group(
     started = engine.start(
         backend, init_method, rank=rank, world_size=world_size, timeout=wait, master=master
     )
-    _join(World(rank, world_size, backend, wait, engine, started.store,
+    _join(World(rank, world_size, backend, wait, started.engine, started.store,
                 world_group=started.world_group, strict=strict), progress_s)
 
 
@@ -117,8 +117,8 @@ def _adopt(engine: Engine, found: Running, backend: object, timeout: object,
     started = engine.adopt(wait)
     log.info("adopted the %s world already started: rank %d of %d", found.backend,
              found.rank, found.world_size)
-    _join(World(found.rank, found.world_size, found.backend, wait, engine, started.store,
-                world_group=started.world_group, adopted=True, strict=strict), progress_s)
+    _join(World(found.rank, found.world_size, found.backend, wait, started.engine,
+                started.store, world_group=started.world_group, strict=strict), progress_s)
 
 
 def _join(world: World, progress_s: float) -> None:
@@ -245,7 +245,7 @@ def destroy_process_group() -> None:
         leave_unheard(world)
         return
     _WORLD = None
-    for call in world._at_destroy:
+    for call in world.epochs.calls_at_destroy():
         call()  # each hook leaves out what a store gone cannot take (Session.finish)
     try:
         with named_failures(world, "destroy_process_group(): comparing collective call counts"):
@@ -327,4 +327,4 @@ def new_group(
                 f"use backend={world.backend!r}",
             )
     with named_failures(world, f"new_group(ranks={format_ranks(members)})"):
-        return world.group(Ranks.of(members), backend, desc)
+        return world.group(Ranks.of(members), backend, GroupName(kind=desc))

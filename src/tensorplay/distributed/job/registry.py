@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..backends.protocol import Severable
+    from ..geometry.spec import Ranks
     from ..process_group import ProcessGroup
 
 
@@ -28,6 +29,7 @@ class GroupRegistry:
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
         self.created = 0  # groups this rank helped create (not counting the world's)
+        self.released = False  # the world ended (``release``)
         self._groups: dict[tuple, ProcessGroup] = {}
         self._uses: dict[tuple, list[str]] = {}  # key -> the mesh dims that asked for it
         self._flattened: dict[tuple, dict[str, tuple]] = {}
@@ -36,25 +38,27 @@ class GroupRegistry:
         # that a group is never severed after it was closed
         self._breaking = threading.Lock()
 
-    def find(self, key: tuple) -> ProcessGroup | None:
-        """The group registered under ``key`` ((ordered ranks' key, backend)), or None."""
-        return self._groups.get(key)
+    def find(self, ranks: Ranks, backend: str) -> ProcessGroup | None:
+        """The group registered for ``ranks`` (in this order) on ``backend``, or None."""
+        return self._groups.get((ranks.key(), backend))
 
-    def add(self, key: tuple, group: ProcessGroup) -> ProcessGroup:
-        """Register ``group`` under ``key`` and return it."""
-        self._groups[key] = group
+    def add(self, group: ProcessGroup) -> ProcessGroup:
+        """Register ``group`` under its ordered ranks and backend (in place of one registered
+        there before) and return it."""
+        self._groups[_key(group)] = group
         return group
 
-    def note_use(self, key: tuple, use: str) -> None:
+    def note_use(self, group: ProcessGroup, use: str) -> None:
         """Remember that ``use`` (a mesh dim: "'ep' of (pp, dp_replicate, efsdp, ep)") asked
-        for the group under ``key``; each use once, in order."""
-        uses = self._uses.setdefault(key, [])
+        for ``group``; each use once, in order."""
+        uses = self._uses.setdefault(_key(group), [])
         if use not in uses:
             uses.append(use)
 
-    def uses(self, key: tuple) -> list[str]:
-        """The uses noted for the group under ``key``, oldest first."""
-        return list(self._uses.get(key, ()))
+    def uses(self, group: ProcessGroup) -> list[str]:
+        """The uses noted for ``group`` (for its ranks and backend) in this epoch, oldest
+        first: the world group's first is "the world"."""
+        return list(self._uses.get(_key(group), ()))
 
     def groups(self) -> list[ProcessGroup]:
         """Every group of this epoch, the world group included."""
@@ -116,8 +120,14 @@ class GroupRegistry:
 
     def release(self) -> None:
         """The world ends: every group stops working, and nothing is found again."""
+        self.released = True
         for group in self._groups.values():
             group.release()
         self._groups.clear()
         self._uses.clear()
         self._native.clear()
+
+
+def _key(group: ProcessGroup) -> tuple:
+    """Where ``group`` is registered: its ordered ranks' key and its backend."""
+    return group.rank_seq.key(), group.backend

@@ -90,9 +90,9 @@ def reported(where: str, rank: int, body: Callable[[], None],
 
 def fix_failed(world: JobContext) -> str:
     """The advice after a lost rank: restart the job, or what the layer that recovers from
-    losses says (``World.expect_losses``: recover an elastic mesh). Here, where the errors of
+    losses says (``Epochs.expect_losses``: recover an elastic mesh). Here, where the errors of
     ``unless_told`` end with it; ``failures`` words the others with it too."""
-    return world.recovery_fix or FIX_FAILED
+    return world.epochs.recovery_fix or FIX_FAILED
 
 
 @contextmanager
@@ -104,7 +104,7 @@ def death_watch(world: JobContext, notify: Callable[[list[Dead]], None],
     Under tensorplay-run, also watch for the launcher's verdict (``wire.VERDICT_FILE``): a node
     lost or a failure elsewhere calls ``notify_lost(text, ranks)`` once instead.
     """
-    others = {r: p for r, p in (world.host_pids or {}).items() if r != world.rank}
+    others = {r: p for r, p in (world.epochs.host_pids or {}).items() if r != world.rank}
     verdict_file = os.environ.get(wire.VERDICT_FILE) if notify_lost is not None else None
     if not others and not verdict_file:
         yield
@@ -255,7 +255,7 @@ def dead_on_this_host(world: JobContext, wait_s: float) -> list[tuple[int, int]]
     this looks again for up to that long before answering that none died.
     """
     deadline = time.monotonic() + wait_s
-    pids = world.host_pids or {}
+    pids = world.epochs.host_pids or {}
     while True:
         dead = sorted((r, p) for r, p in pids.items() if r != world.rank and not procfs.alive(p))
         if dead or time.monotonic() >= deadline:

@@ -1,14 +1,20 @@
 """One joined job: ``World``, the object every cross-rank helper reads (through
 ``job/context.py``'s view) and the only writer of its own fields.
 
-A World holds this rank, the world size, the engine and its store, the SPMD counters and epoch
-(``control/keys.py``'s ``Spmd``), the control plane (``control_for``) and the registry of the
-current epoch's groups. The torch-shaped lifecycle that makes and ends one
+A World holds this rank, the world size, the backend, the timeout, the engine (the one this
+world runs: ``Started.engine``) and its store, the SPMD counters and epoch (``control/keys.py``'s
+``Spmd``), the control plane (``control_for``), the registry of the current epoch's groups
+(``registry``: others find groups, their uses and flattened names and the engine's meshes
+there) and what the world learned as ranks came and went (``epochs``, ``job/epochs.py``). It
+makes groups (``group``, now or at first use) and ends epochs (``close_epoch``,
+``sever_epoch``, ``open_epoch``). The torch-shaped lifecycle that makes and ends one
 (``init_process_group``, ``destroy_process_group``) is ``job/lifecycle.py``.
 
 Worked example, rank 5 of a (2, 4) gloo world: ``World(rank=5, size=8, backend="gloo", ...)``;
-``world.group(Ranks([4, 5, 6, 7]))`` makes the "tp" group once, and a second call with the same
-ranks and backend returns the same ProcessGroup.
+``world.group(Ranks.of([4, 5, 6, 7]), name=GroupName("'tp'", "mesh_tp"))`` makes the "tp"
+group once (torch's ``group_desc`` "mesh_tp"; its errors say "the 'tp' group [4-7]"), and a
+second call with the same ranks and backend returns the same ProcessGroup:
+``world.registry.find(Ranks.of([4, 5, 6, 7]), "gloo")``.
 """
 
 from __future__ import annotations
@@ -18,10 +24,10 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import InitVar, dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from ..backends.protocol import GathersText, Severable
 from ..control import keys
@@ -37,26 +43,60 @@ from ..geometry.layout import Layout
 from ..geometry.spec import Ranks
 from ..process_group import ProcessGroup, group_name
 from . import progress
+from .epochs import Epochs
 from .failures import collective_error, named_failures
 from .registry import GroupRegistry
 from .watch import dead_on_this_host, unless_told
 
 if TYPE_CHECKING:
-    from ..backends.protocol import Engine, Store
+    from ..backends.protocol import Joined, Store
     from ..control.plane import Control
-    from ..geometry.topology import Hosts
 
 log = logging.getLogger("tensorplay.distributed")
-T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class GroupName:
+    """How the caller of ``World.group`` names the group it asks for, in three words:
+    ``kind`` in errors, ``desc`` to the engine (torch's ``group_desc``, as torch's own meshes
+    name theirs) and ``use``, the mesh dim that asked (listed by ``communicators()``).
+
+    ``GroupName("'dp'", "mesh_dp", "'dp' of (dp, tp)")`` on rank 5 of a (2, 4) mesh: errors
+    say "the 'dp' group [1, 5]" and "creating the group [1, 5] (mesh dim 'dp')", torch's
+    group_desc is "mesh_dp", and describe() lists "'dp' of (dp, tp)" beside [1, 5].
+    ``GroupName()``, a ``new_group`` without a description: "creating the group [1, 3]
+    (new_group)"."""
+
+    kind: str = ""
+    desc: str = ""
+    use: str = ""
+
+    @property
+    def words(self) -> str:
+        """The group in a step of an error: "mesh dim 'dp'" for a mesh dim (desc "mesh_dp",
+        or kind "'dp'"), else its description or kind, else "new_group"."""
+        if self.desc.startswith("mesh_"):
+            return f"mesh dim {self.desc[5:]!r}"
+        if self.kind.startswith("'"):
+            return f"mesh dim {self.kind}"
+        return self.desc or self.kind or "new_group"
+
+    @property
+    def engine_desc(self) -> str:
+        """What the engine group is described as: ``desc``, else ``words``."""
+        return self.desc or self.words
+
+
+NEW_GROUP = GroupName()  # a new_group() without a description: "new_group" in errors
 
 
 @dataclass(eq=False)
-
 class World:
     """One joined job: the context every cross-rank helper reads (rank, size, backend,
-    timeout, engine, control plane, SPMD counters, this host's ranks; ``_context.JobContext``
-    is that view) and the registry of the current epoch's groups (``GroupRegistry``, swapped
-    whole by ``open_epoch``). Only World's methods write its fields.
+    timeout, engine, control plane, SPMD counters; ``job/context.py``'s ``JobContext`` is
+    that view), the current epoch's groups (``registry``, swapped whole by ``open_epoch``)
+    and what the world learned as ranks came and went (``epochs``). Only World's methods
+    assign its fields; the others read them and call their objects' methods.
 
     Groups are registered by (ordered ranks, backend) within the current epoch: the same
     ranks and backend give the same ProcessGroup, made once.
@@ -65,110 +105,90 @@ class World:
     rank: int
     size: int
     backend: str
-    timeout: timedelta
-    engine: Engine
+    timeout: timedelta  # the bound of every wait of this world, owned here: the engine is
+    # given it at start (and each group as it is made), and keeps no other
+    engine: Joined  # the engine as this world runs it (``Started.engine``)
     store: Store | None
-    world_group: Any = None  # the engine's group of the whole world
+    world_group: InitVar[Any] = None  # the engine's group of the whole world
     spmd: keys.Spmd = field(default_factory=keys.Spmd)
-    # rank -> pid of this host's ranks, gathered at init: naming a dead peer must not need
-    # the store, which dies with rank 0 (often just after its error)
-    host_pids: dict[int, int] | None = None
-    # rank -> launcher instance ("1.2") of a process admitted in its place by an elastic
-    # mesh: a loss of node 1's first launcher ("1.1") no longer names that rank (_losses)
-    admitted_from: dict[int, str] = field(default_factory=dict)
-    alive: bool = True
-    adopted: bool = False  # the engine's world was started outside the package
-    strict: bool = False  # check every collective's fingerprint across its group (_strict)
+    host_pids: InitVar[dict[int, int] | None] = None  # this host's ranks, if known already
+    strict: bool = False  # check each collective across its group (control/strict.py)
     default_group: ProcessGroup = field(init=False)
-    control: Control = field(init=False)  # what the ranks decide together (``_control``)
-    _registry: GroupRegistry = field(init=False)  # the current epoch's groups
-    present: list[int] | None = None  # ranks still in the job after an epoch change (None: all)
-    severed_epoch: int = -1  # the newest epoch whose groups sever_epoch broke
-    # what a layer over the core keeps here (``layer``), its calls at destroy (``at_destroy``)
-    # and its advice after a lost rank (``expect_losses``): the elastic layer uses all three
-    _layers: dict[str, Any] = field(default_factory=dict)
-    _at_destroy: list[Callable[[], None]] = field(default_factory=list)
-    recovery_fix: str | None = None
+    control: Control = field(init=False)  # what the ranks decide together (``control/``)
+    registry: GroupRegistry = field(init=False)  # the current epoch's groups
+    epochs: Epochs = field(init=False)  # who takes part, admitted, severed; layers' state
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, world_group: Any, host_pids: dict[int, int] | None) -> None:
+        self.epochs = Epochs(host_pids)
         self.control = control_for(self)
-        self._registry = GroupRegistry(self.spmd.epoch)
+        self.registry = GroupRegistry(self.spmd.epoch)
         ranks = Ranks(layout=Layout((((self.size, 1),),)))
-        self.default_group = self._register(ranks, self.backend, "world", self.world_group,
-                                            "world")
+        self.default_group = self._register(ranks, self.backend, "world", world_group, "world")
+        self.registry.note_use(self.default_group, "the world")
+
+    @property
+    def alive(self) -> bool:
+        """Whether the world still runs (``close`` has not released it)."""
+        return not self.registry.released
 
     def meet_hosts(self, what: str) -> None:
         """Learn rank -> pid of this host's ranks from the others (``Control.meet_hosts``),
         which the death watch looks at: on a (2, 4) world over two hosts, rank 5 keeps
         {4: pid, 5: pid, 6: pid, 7: pid}."""
-        self.host_pids = self.control.meet_hosts(what)
+        self.epochs.host_pids = self.control.meet_hosts(what)
 
-    @property
-    def simulated(self) -> bool:
-        """Whether this world exists only in this process (nothing moves)."""
-        return self.engine.capabilities.simulated
-
-    def find_group(self, ranks: Ranks, backend: str | None = None) -> ProcessGroup | None:
-        """The registered group of ``ranks`` on ``backend``, or None."""
-        return self._registry.find((ranks.key(), backend or self.backend))
-
-    def group(self, ranks: Ranks, backend: str | None = None, kind: str = "",
-              desc: str = "", *, make: bool = True, use: str = "",
-              within: timedelta | None = None) -> ProcessGroup:
+    def group(self, ranks: Ranks, backend: str | None = None, name: GroupName = NEW_GROUP,
+              *, make: bool = True, within: timedelta | None = None) -> ProcessGroup:
         """The group of ``ranks`` on ``backend``: reused when registered, else registered now.
 
         Only members make the engine group: now when ``make`` (then also one registered
         earlier but not made yet), else at the group's first use (``ProcessGroup.maker``: a
         collective, ``engine_group``), by every member at that same call. A non-member gets
-        a ProcessGroup with rank -1. ``kind`` names it in errors ("'dp'" gives "the 'dp'
-        group [1, 5]"); ``desc`` is the engine group's description (torch's ``group_desc``:
-        "mesh_dp" for a mesh dim, as torch's own meshes name theirs), else the words of
-        ``kind``; ``use`` says which mesh dim asked ("'ep' of (pp, dp_replicate, efsdp, ep)"),
-        listed by ``communicators()``. ``within``: made now, it must be made within that long
+        a ProcessGroup with rank -1. ``name`` says how errors, the engine and ``describe()``
+        name it (``GroupName``). ``within``: made now, it must be made within that long
         (then its calls wait the world's timeout), else the world's timeout bounds it too.
         """
         backend = backend or self.backend
-        key = (ranks.key(), backend)
-        group = self._registry.find(key)
+        group = self.registry.find(ranks, backend)
         if group is None or group.retired:  # retired: the old epoch's world group, kept so that
             # its use says so; a mesh dim of the same ranks in this epoch gets a group of its own
-            name = group_name(ranks, backend, self.spmd.epoch)
-            group = self._register(ranks, backend, name, None, kind, bound=False)
+            label = group_name(ranks, backend, self.spmd.epoch)
+            group = self._register(ranks, backend, label, None, name.kind, bound=False)
             if group.is_member:
-                what = f"mesh dim {kind}" if kind.startswith("'") else (kind or "new_group")
-                group.maker = functools.partial(self._make_later, group, desc or what)
-        if use:
-            self._registry.note_use(key, use)
+                group.maker = functools.partial(self._make_later, group, name)
+        if name.use:
+            self.registry.note_use(group, name.use)
         if make and group.maker is not None and not group.retired:
-            self._make(group, desc or kind or "new_group", within)
+            self._make(group, name, within)
         return group
 
-    def _make(self, group: ProcessGroup, desc: str, within: timedelta | None = None) -> None:
+    def _make(self, group: ProcessGroup, name: GroupName, within: timedelta | None = None
+              ) -> None:
         """Make ``group``'s engine group on this member (the others make it at the same
         point) and bind its collectives."""
         ranks, backend = group.rank_seq, group.backend
-        what = desc if not desc.startswith("mesh_") else f"mesh dim {desc[5:]!r}"
         bound: dict[str, Any] = {}
         if within is not None:  # given up at the bound, or once pointless (_severed_words)
             epoch, members = self.spmd.epoch, group.ranks
             bound = {"within_s": within.total_seconds(),
                      "stopped": lambda: self._severed_words(epoch, members)}
         engine_group = unless_told(
-            lambda: f"creating the group [{format_ranks(ranks.tolist())}] ({what})", self,
-            backend, lambda: self.engine.new_group(group.name, ranks, backend,
-                                                   within or self.timeout, desc), **bound)
+            lambda: f"creating the group [{format_ranks(ranks.tolist())}] ({name.words})",
+            self, backend, lambda: self.engine.new_group(group.name, ranks, backend,
+                                                         within or self.timeout,
+                                                         name.engine_desc), **bound)
         if within is not None and isinstance(self.engine, Severable):
             self.engine.set_timeout(engine_group, self.timeout)
-        self._registry.created += 1
+        self.registry.created += 1
         group.bind(engine_group, self._ops(group, engine_group))  # clears group.maker
 
-    def _make_later(self, group: ProcessGroup, desc: str, call: str) -> None:
+    def _make_later(self, group: ProcessGroup, name: GroupName, call: str) -> None:
         """The engine group of a group made at first use: by its members at ``call``; a
         timeout names the members that never came to it (arrival marks, as a barrier's)."""
         step = f"creating {group.label} at its first use ({call})"
         with self.control.arrivals(step, group.name, group.ranks, 0), \
                 named_failures(self, step):
-            self._make(group, desc)
+            self._make(group, name)
 
     def adopt(self, obj: object) -> ProcessGroup | None:
         """Our group for an engine group made outside the package (torch's new_group, say);
@@ -178,7 +198,7 @@ class World:
             return None
         members, backend = found
         ranks = Ranks.of(members)
-        return self.find_group(ranks, backend) or self._register(
+        return self.registry.find(ranks, backend) or self._register(
             ranks, backend, f"adopted-{group_name(ranks, backend, self.spmd.epoch)}", obj, "")
 
     def _register(self, ranks: Ranks, backend: str, name: str, engine_group: Any,
@@ -188,64 +208,21 @@ class World:
         group = ProcessGroup(ranks, self.rank, backend, name, engine_group, kind=kind)
         if group.is_member and bound:
             group.bind(engine_group, self._ops(group, engine_group))
-        return self._registry.add((ranks.key(), backend), group)
+        return self.registry.add(group)
 
     def _ops(self, group: ProcessGroup, engine_group: Any) -> Any:
         """The engine's collectives of ``group`` on a member (strict mode's wrapper around
-        them when on)."""
+        them when on; a simulated world has nothing to compare)."""
         ops = self.engine.ops(
             engine_group, group, lambda err, what: collective_error(self, err, what, group))
-        return StrictOps(ops, group) if self.strict and not self.simulated else ops
-
-    def layer(self, name: str, make: Callable[[], T]) -> T:
-        """The state a layer over the core keeps in this world under ``name``, made by
-        ``make()`` on first use (the elastic layer's session, one per world)."""
-        if name not in self._layers:
-            self._layers[name] = make()
-        return self._layers[name]
-
-    def at_destroy(self, call: Callable[[], None]) -> None:
-        """Run ``call()`` at destroy_process_group(), before the call counts are compared
-        (a store error in it is ignored: the job is ending)."""
-        self._at_destroy.append(call)
-
-    def expect_losses(self, fix: str) -> None:
-        """A layer recovers from lost ranks here: errors naming a loss advise ``fix``, and a
-        collective that lost a peer is not blamed on a stray call."""
-        self.recovery_fix = fix
-
-    def note_admitted(self, rank: int, pid: int, on_this_host: bool, instance: str) -> None:
-        """``rank`` now runs as process ``pid`` started by launcher ``instance`` ("1.2"; ""
-        outside a multi-node tensorplay-run): on this host the death watch looks at it, and
-        a loss of another launcher instance no longer names it."""
-        if instance:
-            self.admitted_from[rank] = instance
-        if on_this_host and self.host_pids is not None:
-            self.host_pids[rank] = pid
+        strict = self.strict and not self.engine.capabilities.simulated
+        return StrictOps(ops, group) if strict else ops
 
     def members(self) -> Sequence[int]:
         """The ranks that take part in cross-rank checks: every rank (a range, O(1)), or after
         an elastic mesh changed, the ranks of its current mesh."""
-        return range(self.size) if self.present is None else self.present
-
-    def groups(self) -> list[ProcessGroup]:
-        """Every group of the current epoch, the world group included."""
-        return self._registry.groups()
-
-    def uses(self, group: ProcessGroup) -> list[str]:
-        """The mesh dims that asked for ``group`` in this epoch, in order ("'ep' of (pp,
-        dp_replicate, efsdp, ep)"); the world group's is "the world"."""
-        uses = self._registry.uses((group.rank_seq.key(), group.backend))
-        return ["the world", *uses] if group is self.default_group else uses
-
-    def group_count(self) -> int:
-        """How many groups the current epoch holds, the world group included."""
-        return len(self._registry.groups())
-
-    @property
-    def created(self) -> int:
-        """How many groups this rank helped create in the current epoch (not the world's)."""
-        return self._registry.created
+        present = self.epochs.present
+        return range(self.size) if present is None else present
 
     def close_epoch(self, why: str, sever: bool = False) -> list[Any]:
         """Retire every group of this epoch, the world group included (it may hold a lost
@@ -254,7 +231,7 @@ class World:
         comes to the recovery too. ``why`` ends "the 'dp' group [1, 5] ..." in the
         StaleEpochError of a later use. Returns the engine groups, for ``let_go``."""
         engine = self.engine if isinstance(self.engine, Severable) else None
-        return self._registry.retire(why, engine, sever, keep=self.default_group)
+        return self.registry.retire(why, engine, sever, keep=self.default_group)
 
     def sever_epoch(self, epoch: int) -> None:
         """Break the connections of this epoch's groups if ``epoch`` is still current (from the
@@ -265,14 +242,14 @@ class World:
         if not isinstance(engine, Severable):
             return
         if self.spmd.epoch == epoch:  # a group of it still being made is given up (_make)
-            self.severed_epoch = max(self.severed_epoch, epoch)
-        self._registry.sever(epoch, engine, keep=self.default_group)
+            self.epochs.severed = max(self.epochs.severed, epoch)
+        self.registry.sever(epoch, engine, keep=self.default_group)
 
     def _severed_words(self, epoch: int, ranks: Sequence[int]) -> tuple[str, list[int]] | None:
         """Why a group of ``epoch`` still being made within a bound is given up, or None: a
         recovery of that epoch began (``sever_epoch``), or one of its ``ranks`` died on this
         host; with the ranks that names."""
-        if self.severed_epoch >= epoch:
+        if self.epochs.severed >= epoch:
             return f"a recovery of epoch {epoch} began elsewhere while it was being made", []
         dead = [r for r, _ in dead_on_this_host(self, 0.0) if r in ranks]
         return (f"{rank_words(dead)} died while it was being made", dead) if dead else None
@@ -302,46 +279,21 @@ class World:
         old = self.spmd.epoch
         self.let_go(self.close_epoch(f"belongs to epoch {old}, which the job has left"))
         epoch = self.spmd.open_epoch(epoch)
-        world_key = (self.default_group.rank_seq.key(), self.backend)
-        self._registry = GroupRegistry(epoch)  # the old epoch's groups are found no more
-        self._registry.add(world_key, self.default_group)  # retired: its use says so
+        self.registry = GroupRegistry(epoch)  # the old epoch's groups are found no more
+        self.registry.add(self.default_group)  # retired: its use says so
         if present is not None:
-            self.present = sorted(present)
+            self.epochs.present = sorted(present)
         return epoch
-
-    def register_flatten(self, root_key: tuple, name: str, dims: tuple) -> None:
-        """Remember that ``name`` flattens ``dims`` of the root mesh with ``root_key``."""
-        self._registry.register_flatten(root_key, name, dims)
-
-    def flattened_names(self, root_key: tuple) -> dict[str, tuple]:
-        """Flattened dim names registered for a root mesh in the current epoch."""
-        return self._registry.flattened_names(root_key)
-
-    def native_mesh(self, mesh: Hashable, make: Callable[[], Any]) -> Any:
-        """The engine's own mesh object for ``mesh`` (a DeviceMesh value), made by ``make()``
-        once per world and epoch, so equal meshes get the same object (torch's DeviceMesh for
-        ``mesh.to_torch()``; ``DeviceMesh.from_torch`` puts the adopted one here)."""
-        return self._registry.native_mesh(mesh, make)
-
-    def hosts(self) -> Hosts:
-        """The world's host map, read on first use (a simulated or 1-rank world is one host:
-        this machine)."""
-        return self.control.hosts()
-
-    def known_hosts(self) -> Hosts | None:
-        """The host map if this rank holds it already (rank 0 does from init), else None."""
-        return self.control.known_hosts()
 
     def close(self) -> None:
         """Release every group and the engine: meshes may outlive the world, engine groups
         don't. Our references to the engine's objects go too, so that rank 0's store server
         closes now and a new world can listen on the same port."""
-        self.alive = False
+        self.registry.release()  # not alive from here
         progress.stop()
-        self._registry.release()
-        self.world_group = self.store = None
+        self.store = None
         self.control = SoloControl(self)  # drops the store's last reference: its server closes
-        self.engine.destroy(self.adopted)
+        self.engine.destroy()
 
 
 LET_GO_S = 10.0  # how long after an epoch ends its engine groups are torn down

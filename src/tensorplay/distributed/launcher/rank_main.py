@@ -176,7 +176,7 @@ def _collectives_made() -> int:
     from the package if the script loaded it, never importing it."""
     world = getattr(sys.modules.get("tensorplay.distributed.job.lifecycle"), "_WORLD", None)
     try:
-        return sum(g.calls for g in world.groups()) if world is not None else 0
+        return sum(g.calls for g in world.registry.groups()) if world is not None else 0
     except Exception:  # noqa: BLE001 - a world being torn down: no count this time
         return -1
 

@@ -88,9 +88,16 @@ def said(err: BaseException) -> str:
 
 
 def _call(verb: Callable[..., T], *args: Any) -> T:
+    """``verb(*args)`` on torch's store; its failures, as the engine's store module reads them
+    (``torch_store.failure``: gone or a wait ran out), are a ``StoreGone``; anything else is
+    a bug and goes up as it is."""
+    from ..backends import torch_store  # loaded already: a client exists
+
     try:
         return verb(*args)
-    except (RuntimeError, OSError) as err:  # the implementation's failures (the module says)
+    except Exception as err:
+        if torch_store.failure(err) is None:
+            raise
         raise StoreGone(said(err)) from err
 
 

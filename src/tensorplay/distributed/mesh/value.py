@@ -41,7 +41,7 @@ from ..geometry.spec import MeshSpec
 from ..host import env
 from ..job.failures import named_failures
 from ..job.lifecycle import current_or_adopted_world, current_world
-from ..job.world import World
+from ..job.world import GroupName, World
 from ..process_group import ProcessGroup
 from . import args
 
@@ -274,7 +274,7 @@ class DeviceMesh:
         fake world is one host (this machine's name).
         """
         self._alive("host_of()")
-        return self._world.hosts()
+        return self._world.control.hosts()
 
     def describe(self, rank: int | None = None, host_of=None) -> str:
         """A text report: shape, rank grid, groups per dim and how many cross hosts, and the
@@ -302,7 +302,8 @@ class DeviceMesh:
         from ..geometry.describe import communicators
 
         world = self._world
-        made = [(g.rank_seq, g.backend, world.uses(g)) for g in world.groups()
+        registry = world.registry
+        made = [(g.rank_seq, g.backend, registry.uses(g)) for g in registry.groups()
                 if g.is_member and g.made and not g.retired]
         names = self.mesh_dim_names or tuple(str(d) for d in range(self.ndim))
         waiting = [(repr(n), g.rank_seq) for n, g in zip(names, self._groups, strict=True)
@@ -348,7 +349,7 @@ class DeviceMesh:
             if len(part) == 1:
                 groups.append(self._groups[part[0]])
                 continue
-            found = self._world.find_group(spec.line(rank, i), backends[i])
+            found = self._world.registry.find(spec.line(rank, i), backends[i])
             if found is None:
                 raise ArgumentError(f"mesh[{names!r}]: the group of flattened dim {name!r} is "
                                     "missing on this rank. Fix: call flatten() on every rank.")
@@ -377,7 +378,7 @@ class DeviceMesh:
         registered = None
         if registers:
             assert name is not None  # registers says so
-            registered = world.flattened_names(self._root_key()).get(name)
+            registered = world.registry.flattened_names(self._root_key()).get(name)
         if registered is not None and registered != self.mesh_dim_names:
             raise bad_argument("name", name, f"already flattens {registered}", "pick a new name")
         agree(world, "flatten()", {"name": name, "shape": self.shape,
@@ -388,7 +389,7 @@ class DeviceMesh:
         groups = _make_groups(world, spec, backends, self._eager)
         if registers:
             assert name is not None and self.mesh_dim_names is not None  # registers says so
-            world.register_flatten(self._root_key(), name, self.mesh_dim_names)
+            world.registry.register_flatten(self._root_key(), name, self.mesh_dim_names)
         return DeviceMesh._make(world, self._device_type, spec, self._root, backends, groups,
                                 (merged_role(self._roles),), self._eager)
 
@@ -541,13 +542,13 @@ class DeviceMesh:
         _native_meshes(self._world, adopting=False)  # before any group is made
         if self._spec == self._root and self._groups:  # flattens made since this was built
             root_names = self.mesh_dim_names or ()
-            for name, merged in self._world.flattened_names(self._root_key()).items():
+            for name, merged in self._world.registry.flattened_names(self._root_key()).items():
                 if all(n in root_names for n in merged):  # not a flatten of a reshape's dims
                     self[name]._native()
         return self._native()
 
     def _native(self) -> Any:
-        return self._world.native_mesh(self._native_key(), self._build_native)
+        return self._world.registry.native_mesh(self._native_key(), self._build_native)
 
     def _build_native(self) -> Any:
         """The engine's mesh over this mesh's groups: a root from its rank array, any other
@@ -577,7 +578,7 @@ class DeviceMesh:
 
     def _flattened_dims(self, name: str) -> tuple[int, ...] | None:
         """The root dims that ``name`` flattens in the world's registry, None if none."""
-        merged = self._world.flattened_names(self._root_key()).get(name)
+        merged = self._world.registry.flattened_names(self._root_key()).get(name)
         root_names = self._root.names or ()
         if merged is None or any(n not in root_names for n in merged):
             return None
@@ -612,11 +613,11 @@ class DeviceMesh:
         root = found.root or found
         mesh = _adopt(world, root, "DeviceMesh.from_torch()")
         # to_torch() gives the library's mesh back
-        world.native_mesh(mesh._native_key(), lambda: root.obj)
+        world.registry.native_mesh(mesh._native_key(), lambda: root.obj)
         if found.root is not None:
             assert found.names is not None  # a slice of a root is named by the root's dims
             mesh = mesh[found.names]
-            world.native_mesh(mesh._native_key(), lambda: found.obj)
+            world.registry.native_mesh(mesh._native_key(), lambda: found.obj)
         return mesh
 
     # -- value semantics ---------------------------------------------------------------------
@@ -702,7 +703,7 @@ class DeviceMesh:
         names = self.mesh_dim_names or ()
         if name in names:
             return (names.index(name),)
-        flattened = self._world.flattened_names(self._root_key())
+        flattened = self._world.registry.flattened_names(self._root_key())
         merged = flattened.get(name)
         if merged is not None and all(n in names for n in merged):
             return tuple(names.index(n) for n in merged)
@@ -787,8 +788,8 @@ def _make_groups(world: World, spec: MeshSpec, backends: Sequence[str], make: bo
         use = f"{name!r} of {of}" if spec.names else f"dim {d} of {of}"
         # repr(line) costs O(1) (a long group shows as its ends and size): this runs per dim
         with named_failures(world, f"creating the group of mesh dim {name!r} ({line!r})"):
-            groups.append(world.group(line, backends[d], repr(name), desc, make=make,
-                                      use=use, within=within))
+            groups.append(world.group(line, backends[d], GroupName(repr(name), desc, use),
+                                      make=make, within=within))
     return tuple(groups)
 
 
@@ -918,10 +919,10 @@ def _laid_out(world: World, device: str, shape: tuple[int, ...], names: tuple[st
     if host_aware:  # every rank reads the full host list (O(world size) each)
         from ..geometry import topology
 
-        order = topology.host_aware_order(shape, world.hosts())
+        order = topology.host_aware_order(shape, world.control.hosts())
         if order is not None:
             spec = MeshSpec.from_ranks(shape, order, names)
-    elif world.rank == 0 and (hosts := world.known_hosts()) is not None:  # rank 0 holds it
+    elif world.rank == 0 and (hosts := world.control.known_hosts()) is not None:  # rank 0 holds it
         from ..geometry import topology
 
         if spec.size <= topology.CROSSING_LIMIT:
