@@ -8,6 +8,7 @@ builds PyTorch's answers first (in its fake world), destroys that world, then bu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch.distributed as torch_dist
 import tensorplay.distributed as dist
 from tensorplay.distributed.device_mesh import DeviceMesh, init_device_mesh
 from tensorplay.distributed.job import lifecycle as tp_world
+from tensorplay.distributed.mesh.parts import MeshParts
 
 NAMES = ("a", "b", "c")
 SHAPES = {
@@ -402,15 +404,18 @@ def test_a_mesh_is_a_frozen_value_whose_key_holds_its_backends():
     with fake_world(5, 8) as world:
         mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
         with pytest.raises(AttributeError, match="DeviceMesh is immutable"):
-            mesh._groups = ()
+            mesh._parts = mesh.parts
         with pytest.raises(AttributeError, match="DeviceMesh is immutable"):
             mesh.extra = 1
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            mesh.parts.groups = ()  # type: ignore[misc]
         spec = mesh.spec
         # as on an nccl world, where backend_override={"dp": "gloo"} gives ("gloo", "nccl")
-        nccl = DeviceMesh._make(world, "cuda", spec, spec, ("nccl", "nccl"), ())
-        mixed = DeviceMesh._make(world, "cuda", spec, spec, ("gloo", "nccl"), ())
+        nccl = DeviceMesh.of(MeshParts.root_of(world, "cuda", spec, ("nccl", "nccl"), ()))
+        mixed = DeviceMesh.of(MeshParts.root_of(world, "cuda", spec, ("gloo", "nccl"), ()))
         assert nccl != mixed and len({nccl, mixed}) == 2
-        assert DeviceMesh._make(world, "cuda", spec, spec, ("gloo", "nccl"), ()) == mixed
+        assert DeviceMesh.of(MeshParts.root_of(world, "cuda", spec, ("gloo", "nccl"), ())) \
+            == mixed
         assert init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp")) == mesh
 
 

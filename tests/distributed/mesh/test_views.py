@@ -23,7 +23,7 @@ from tensorplay.distributed.device_mesh import DeviceMesh, init_device_mesh
 from tensorplay.distributed.errors import ArgumentError, ArgumentTypeError, UnknownDimError
 from tensorplay.distributed.geometry.roles import ROLES, AbstractMesh
 from tensorplay.distributed.geometry.spec import MeshSpec
-from tensorplay.distributed.mesh import value as _mesh
+from tensorplay.distributed.mesh import views as _views
 from tests.laws import examples
 
 LAWS = examples(0.6)
@@ -204,7 +204,7 @@ def test_torchtitan_dense_and_expert_views(fake_world, rank):
     assert expert["efsdp", "ep"].flatten().get_group().ranks == \
         ref_line(array.reshape(2, 2, 32), rank, 2)
     assert expert["ep"].get_group() is cp_tp.get_group()
-    assert expert._root == dense.spec
+    assert expert.parts.root == dense.spec
 
 
 def test_an_expert_dim_that_cuts_a_dense_dim_gets_new_groups(fake_world):
@@ -243,7 +243,7 @@ def test_a_flatten_of_view_dims_slices_the_view_and_is_not_offered_elsewhere(fak
 
 def test_the_view_goes_through_the_cross_rank_check(fake_world, monkeypatch):
     seen = []
-    monkeypatch.setattr(_mesh, "agree", lambda world, what, request: seen.append((what,
+    monkeypatch.setattr(_views, "agree", lambda world, what, request: seen.append((what,
                                                                                   request)))
     monkeypatch.setattr(device_mesh_module, "agree",
                         lambda world, what, request: seen.append((what, request)))
