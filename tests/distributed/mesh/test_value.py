@@ -335,69 +335,7 @@ def test_a_million_ranks_3d(rank):
         assert world.created == 4
 
 
-# -- (d) how many groups each operation creates -------------------------------------------
-
-
-def distinct_new_lines(array, rank, size):
-    """Lines through ``rank`` that are not the world (the world group already exists)."""
-    lines = {tuple(ref_line(array, rank, d)) for d in range(array.ndim)}
-    return len(lines - {tuple(range(size))})
-
-
-@pytest.mark.parametrize("size,shape", CASES, ids=str)
-def test_group_creation_counts(size, shape):
-    array = np.arange(size).reshape(shape)
-    names = NAMES[: len(shape)]
-    for rank in range(size):
-        with fake_world(rank, size) as world:  # every group made as its mesh is
-            mesh = init_device_mesh("cpu", shape, mesh_dim_names=names, eager_groups=True)
-            made = world.created
-            assert made == distinct_new_lines(array, rank, size)
-            if 1 not in shape and len(shape) > 1:
-                assert made == len(shape)  # one per dim, not one per line
-            again = init_device_mesh("cpu", shape, mesh_dim_names=names)
-            assert again == mesh and world.created == made
-            for dims in ordered_subsets(len(shape)):
-                mesh[tuple(names[d] for d in dims)]
-            assert world.created == made  # slicing creates none
-            known = {tuple(range(size))} | {tuple(ref_line(array, rank, d))
-                                            for d in range(len(shape))}
-            for dims in ordered_subsets(len(shape), min_size=2):
-                picked = tuple(names[d] for d in dims)
-                merged = tuple(ref_select(array, dims, rank).reshape(-1).tolist())
-                before = world.created
-                mesh[picked].flatten()
-                assert world.created == before + (merged not in known)  # one, if new
-                known.add(merged)
-                after = world.created
-                mesh[picked].flatten()
-                assert world.created == after  # the same flatten again: none
-            assert mesh.flatten().get_group() is world.default_group
-
-
-def test_flatten_creates_exactly_one_group_at_its_first_use():
-    with fake_world(6, 16) as world:
-        mesh = init_device_mesh("cpu", (2, 2, 4), mesh_dim_names=("a", "b", "c"))
-        assert world.created == 3
-        flat = mesh["a", "c"].flatten()
-        assert world.created == 3 and flat.get_group().ranks == [4, 5, 6, 7, 12, 13, 14, 15]
-        dist.all_reduce(np.zeros(1), group=flat.get_group())
-        assert world.created == 4
-        assert mesh["a", "c"].flatten().get_group() is flat.get_group()
-        dist.all_reduce(np.zeros(1), group=mesh["a_c"].get_group())
-        assert world.created == 4
-
-
-def test_unflatten_creates_only_the_new_dims():
-    with fake_world(5, 16) as world:
-        mesh = init_device_mesh("cpu", (2, 8), mesh_dim_names=("dp", "tp"))
-        assert world.created == 2
-        split = mesh.unflatten("tp", (2, 4), ("tp0", "tp1"))
-        assert world.created == 2  # at first use
-        assert [split.get_group(n).engine_group for n in ("tp0", "tp1")] == [None, None]
-        assert world.created == 4
-        assert split.get_group("dp") is mesh.get_group("dp")
-        assert split.get_group("tp1").ranks == [4, 5, 6, 7]
+# -- (d) a frozen value ---------------------------------------------------------------------
 
 
 def test_a_mesh_is_a_frozen_value_whose_key_holds_its_backends():
