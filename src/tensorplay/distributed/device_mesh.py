@@ -16,6 +16,7 @@ from .elastic import mesh as elastic_mesh
 from .elastic.mesh import sync_replicas
 from .errors import bad_argument
 from .geometry.roles import dim_roles
+from .job import progress
 from .job.lifecycle import current_or_adopted_world
 from .mesh import args
 from .mesh.groups import eagerness, laid_out, make_groups, mesh_backend
@@ -25,6 +26,7 @@ from .mesh.value import DeviceMesh
 __all__ = ["DeviceMesh", "init_device_mesh", "sync_replicas"]
 
 
+@progress.entry("init_device_mesh()")
 def init_device_mesh(
     device_type: str,
     mesh_shape: Sequence[int] | int,

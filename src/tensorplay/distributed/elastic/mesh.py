@@ -53,6 +53,7 @@ from ..geometry.shrink import shrink
 from ..geometry.spec import MeshSpec
 from ..host import env, wire
 from ..host.wire import Recovery
+from ..job import progress
 from ..job.failures import dead_on_this_host
 from ..job.lifecycle import leave_unheard
 from ..job.world import World
@@ -116,6 +117,7 @@ class ElasticMesh(DeviceMesh):
         yet (a replacement, a spare back in its slice): ``sync_replicas`` fills them."""
         return list(self._parts.plan.fresh)
 
+    @progress.entry("recover()")
     def recover(self, err: BaseException) -> DeviceMesh:
         """The elastic mesh without the slices of its elastic dim that held a lost rank.
 
@@ -131,6 +133,7 @@ class ElasticMesh(DeviceMesh):
         self._parts.alive("recover()")
         return recover(self, err)
 
+    @progress.entry("grow()")
     def grow(self) -> DeviceMesh:
         """This elastic mesh, or the mesh grown back with ranks waiting to join.
 
@@ -197,6 +200,7 @@ def elastic_parts(mesh: DeviceMesh, what: str) -> ElasticParts:
     return mesh.parts
 
 
+@progress.entry("sync_replicas()", group="group")
 def sync_replicas(mesh: DeviceMesh, tensors: Sequence[Any]) -> None:
     """Bring the fresh ranks of an elastic mesh in line: each tensor broadcast along the
     elastic dim from the first member of this rank's replica group that is not fresh.

@@ -27,6 +27,7 @@ from ..control.consensus import agree
 from ..errors import ArgumentError, bad_argument, is_int
 from ..geometry.roles import AbstractMesh, Roles, as_dict
 from ..geometry.spec import MeshSpec
+from ..job import progress
 from ..job.lifecycle import current_or_adopted_world, current_world
 from ..process_group import ProcessGroup
 from . import args, groups, native, views
@@ -51,6 +52,7 @@ class DeviceMesh:
     __slots__ = ("_parts",)
     _parts: MeshParts
 
+    @progress.entry("DeviceMesh()")
     def __init__(
         self,
         device_type: str,
@@ -310,6 +312,7 @@ class DeviceMesh:
         (on the (2, 4) mesh, rank 5's ``mesh["tp"]`` is [4, 5, 6, 7] on its "tp" group)."""
         return DeviceMesh.of(views.select(self._parts, names))
 
+    @progress.entry("flatten()")
     def flatten(self, name: str | None = None) -> DeviceMesh:
         """Merge every dim into one, with one new group (made at its first use, or now with
         eager_groups); name defaults to 'a_b_c'.
@@ -323,6 +326,7 @@ class DeviceMesh:
         """PyTorch's spelling of flatten() (code written for both, as bench/mesh_scale.py)."""
         return self.flatten(mesh_dim_name)
 
+    @progress.entry("reshape()")
     def reshape(self, shape: Sequence[int], mesh_dim_names: Sequence[str] | None = None, *,
                 shared: Sequence[str] = (), mesh_dim_roles: Any = None) -> DeviceMesh:
         """A view of the same ranks in a new shape, row-major (as numpy's
@@ -344,6 +348,7 @@ class DeviceMesh:
         return DeviceMesh.of(views.reshape(self._parts, shape, mesh_dim_names, shared,
                                            mesh_dim_roles))
 
+    @progress.entry("unflatten()")
     def unflatten(
         self, dim: int | str, sizes: Sequence[int], names: Sequence[str] | None = None
     ) -> DeviceMesh:
@@ -371,6 +376,7 @@ class DeviceMesh:
         return DeviceMesh.of(groups.adopted(world, group, device, mesh, mesh_dim_names))
 
     # -- the engine's own mesh (torch's DeviceMesh; ``mesh/native.py``) ------------------------
+    @progress.entry("to_torch()")
     def to_torch(self) -> Any:
         """This mesh as torch's DeviceMesh, for DTensor, tensor parallelism and FSDP2.
 
@@ -466,6 +472,7 @@ def not_elastic(mesh: DeviceMesh, what: str) -> ArgumentError:
                         "dim), and call it on that mesh, not on a slice of it")
 
 
+@progress.entry("pickle.loads() of a DeviceMesh")
 def _unpickle(device: str, spec: MeshSpec, root: MeshSpec, backends: tuple[str, ...],
               roles: Roles | None = None, eager: bool = False) -> DeviceMesh:
     """Rebuild a pickled mesh in the current world, reusing its groups, or registering them
