@@ -87,7 +87,7 @@ class ElasticMesh(DeviceMesh):
     """
 
     __slots__ = ()
-    _parts: ElasticParts
+    _parts: ElasticParts  # the slot DeviceMesh declares, holding ElasticParts here
 
     @property
     def parts(self) -> ElasticParts:
@@ -97,25 +97,25 @@ class ElasticMesh(DeviceMesh):
     @property
     def epoch(self) -> int:
         """0 at init_device_mesh, one more at each recover() or grow() that changed it."""
-        return self._parts.plan.epoch
+        return self.parts.plan.epoch
 
     @property
     def last_recovery(self) -> Recovery | None:
         """What the epoch change that opened this mesh cost on this rank (lost and joined
         ranks, seconds detecting, agreeing, rebuilding groups, syncing): None at epoch 0.
         See ``elastic/recovery.py``."""
-        return self._parts.session.recovery_of(self._parts.plan.epoch)
+        return self.parts.session.recovery_of(self.parts.plan.epoch)
 
     @property
     def recoveries(self) -> list[Recovery]:
         """Every epoch change this process went through in this world, oldest first."""
-        return list(self._parts.session.recoveries)
+        return list(self.parts.session.recoveries)
 
     @property
     def fresh_ranks(self) -> list[int]:
         """The ranks that joined this elastic mesh at its epoch and hold no training state
         yet (a replacement, a spare back in its slice): ``sync_replicas`` fills them."""
-        return list(self._parts.plan.fresh)
+        return list(self.parts.plan.fresh)
 
     @progress.entry("recover()")
     def recover(self, err: BaseException) -> DeviceMesh:
@@ -130,7 +130,7 @@ class ElasticMesh(DeviceMesh):
         ``grow()`` or leave). Raises ShrinkError on every survivor below ``elastic_min`` or
         without a majority, StaleEpochError on a rank the others already declared lost.
         """
-        self._parts.alive("recover()")
+        self.parts.alive("recover()")
         return recover(self, err)
 
     @progress.entry("grow()")
@@ -144,7 +144,7 @@ class ElasticMesh(DeviceMesh):
         raises MembersFinished (``SystemExit(0)``: uncaught, the process ends with exit code
         0) once the members finished without it, so no loop waits on for ever.
         """
-        self._parts.alive("grow()")
+        self.parts.alive("grow()")
         return grow(self)
 
     def next_epoch(self, spec: MeshSpec, plan: Elastic, make: bool = True,
@@ -154,7 +154,7 @@ class ElasticMesh(DeviceMesh):
         eager_groups=False, or ``make`` is False; each ``within`` that long if given), this
         mesh's device, backends and roles (so ``abstract`` is the same again once the mesh
         grows back to its shape)."""
-        parts = self._parts
+        parts = self.parts
         groups = make_groups(parts.world, spec, parts.backends, plan.own_groups and make,
                              within)
         return ElasticMesh.of(replace(parts, spec=spec, root=spec, groups=groups, plan=plan))
