@@ -48,6 +48,8 @@ class Entry:
 
 
 class _Function(Protocol):
+    """A function as a decorator gets it: its code object is what the stack's frames show."""
+
     __code__: CodeType
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
