@@ -208,17 +208,22 @@ class _Exchange:
 
 
 class ThreadOps:
-    """The collectives of one group, run by threads: numpy buffers, gathered by ``_Exchange``.
-    Only what the protocol modules call (strict mode's all-gather) and a sum."""
+    """The collectives of one group, run by threads on numpy buffers: every call gathers one
+    value per member (``_Exchange``), then each member computes its own result (sums for the
+    reductions; ``all_to_all_single`` in equal chunks); ``send``/``recv`` meet by pair."""
 
     def __init__(self, exchange: _Exchange, group: Any, timeout_s: float):
         self._exchange, self._group, self._timeout_s = exchange, group, timeout_s
         self._n = 0
+        self._pairs: dict[tuple[int, int], int] = {}  # (src, dst) -> messages so far
 
     def _gather(self, value: Any) -> list[Any]:
         self._n += 1
         return self._exchange.gather(self._group.name, self._n, self._group.rank(),
-                                     self._group.size(), value.copy(), self._timeout_s)
+                                     self._group.size(), _copy(value), self._timeout_s)
+
+    def _mine(self, global_rank: int) -> bool:
+        return self._group.group_rank(global_rank) == self._group.rank()
 
     def all_gather_into_tensor(self, output: Any, input: Any, async_op: bool) -> None:
         import numpy as np
@@ -231,10 +236,60 @@ class ThreadOps:
     def broadcast(self, tensor: Any, src: int, async_op: bool) -> None:
         tensor[...] = self._gather(tensor)[self._group.group_rank(src)]
 
+    def reduce(self, tensor: Any, dst: int, op: Any, async_op: bool) -> None:
+        total = sum(self._gather(tensor))
+        if self._mine(dst):
+            tensor[...] = total
+
+    def all_gather(self, tensor_list: Any, tensor: Any, async_op: bool) -> None:
+        for out, value in zip(tensor_list, self._gather(tensor), strict=True):
+            out[...] = value
+
+    def reduce_scatter_tensor(self, output: Any, input: Any, op: Any, async_op: bool) -> None:
+        total = sum(self._gather(input)).reshape(-1)
+        output.reshape(-1)[:] = total.reshape(self._group.size(), -1)[self._group.rank()]
+
+    def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any,
+                          input_split_sizes: Any, async_op: bool) -> None:
+        import numpy as np
+
+        size, me = self._group.size(), self._group.rank()
+        chunks = [v.reshape(size, -1)[me] for v in self._gather(input)]
+        output.reshape(-1)[:] = np.concatenate(chunks)
+
+    def gather(self, tensor: Any, gather_list: Any, dst: int, async_op: bool) -> None:
+        for out, value in zip(gather_list or (), self._gather(tensor), strict=False):
+            out[...] = value
+
+    def scatter(self, tensor: Any, scatter_list: Any, src: int, async_op: bool) -> None:
+        lists = self._gather(list(scatter_list) if scatter_list is not None else None)
+        tensor[...] = lists[self._group.group_rank(src)][self._group.rank()]
+
+    def send(self, tensor: Any, dst: int) -> None:
+        self._pair(self._group.global_rank(self._group.rank()), dst, 0, tensor)
+
+    def recv(self, tensor: Any, src: int) -> None:
+        tensor[...] = self._pair(src, self._group.global_rank(self._group.rank()), 1, None)
+
+    def _pair(self, src: int, dst: int, index: int, value: Any) -> Any:
+        """Message #n from ``src`` to ``dst``: both sides meet (the sender first, index 0)."""
+        n = self._pairs[src, dst] = self._pairs.get((src, dst), 0) + 1
+        return self._exchange.gather(f"{self._group.name} {src}->{dst}", n, index, 2,
+                                     _copy(value), self._timeout_s)[0]
+
     def barrier(self, async_op: bool) -> None:
         import numpy as np
 
         self._gather(np.zeros(1))
+
+
+def _copy(value: Any) -> Any:
+    """What a member posts: a copy of its buffers (a list of them, or None: nothing)."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [v.copy() for v in value]
+    return value.copy()
 
 
 class ThreadEngine:
@@ -300,6 +355,9 @@ class ThreadEngine:
 
     def set_timeout(self, engine_group: Any, timeout: Any) -> None:
         """Nothing to change: a thread group waits only while it is made."""
+
+    def destroy(self) -> None:
+        """Nothing to tear down: a rank's world ends (``World.close``) with its groups."""
 
 
 class ThreadRanks:

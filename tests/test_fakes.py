@@ -88,3 +88,59 @@ def test_thread_ranks_have_their_own_worlds_and_meet_in_collectives():
     assert ranks.run(fn) == [(r, 3, [3.0, 3.0], True) for r in range(3)]
     assert ranks.run(lambda w: w.rank, ranks=[2]) == [None, None, 2]
     assert ranks.world(1) is ranks.world(1)  # the worlds last across runs
+
+
+def test_thread_ranks_run_every_collective_as_the_engines_do():
+    """3 thread ranks, each group's collectives (``ThreadOps``, as ``group.ops`` runs them):
+    rank r holds r + 1, rank 0 is the root of the rooted calls."""
+    import numpy as np
+
+    def fn(world):
+        me, ops = world.rank, world.default_group.ops
+        mine = np.full(1, me + 1.0)
+        out = {}
+        for name, call in {
+                "all_reduce": lambda t: ops.all_reduce(t, None, False),
+                "broadcast": lambda t: ops.broadcast(t, 0, False),
+                "reduce": lambda t: ops.reduce(t, 0, None, False)}.items():
+            t = mine.copy()
+            call(t)
+            out[name] = t.tolist()
+        parts = [np.zeros(1) for _ in range(3)]
+        ops.all_gather(parts, mine, False)
+        out["all_gather"] = [p.tolist() for p in parts]
+        t = np.zeros(3)
+        ops.all_gather_into_tensor(t, mine, False)
+        out["all_gather_into_tensor"] = t.tolist()
+        t = np.zeros(1)
+        ops.reduce_scatter_tensor(t, mine * [1, 10, 100], None, False)
+        out["reduce_scatter_tensor"] = t.tolist()
+        t = np.zeros(3)
+        ops.all_to_all_single(t, mine * [1, 10, 100], None, None, False)
+        out["all_to_all_single"] = t.tolist()
+        parts = [np.zeros(1) for _ in range(3)]
+        ops.gather(mine, parts if me == 0 else None, 0, False)
+        out["gather"] = [p.tolist() for p in parts]
+        t = np.zeros(1)
+        ops.scatter(t, [np.full(1, 10.0 * r) for r in range(3)] if me == 0 else None, 0, False)
+        out["scatter"] = t.tolist()
+        t = np.zeros(1)
+        if me == 0:
+            ops.send(np.full(1, 7.0), 2)
+        elif me == 2:
+            ops.recv(t, 0)
+        out["recv"] = t.tolist()
+        ops.barrier(False)
+        return out
+
+    out = ThreadRanks(3, timeout_s=5).run(fn)
+    for rank, got in enumerate(out):
+        assert got["all_reduce"] == [6.0] and got["broadcast"] == [1.0], got
+        assert got["reduce"] == ([6.0] if rank == 0 else [rank + 1.0])
+        assert got["all_gather"] == [[1.0], [2.0], [3.0]]
+        assert got["all_gather_into_tensor"] == [1.0, 2.0, 3.0]
+        assert got["reduce_scatter_tensor"] == [6.0 * 10 ** rank]
+        assert got["all_to_all_single"] == [10.0 ** rank * (r + 1) for r in range(3)]
+        assert got["gather"] == ([[1.0], [2.0], [3.0]] if rank == 0 else [[0.0]] * 3)
+        assert got["scatter"] == [10.0 * rank]
+        assert got["recv"] == ([7.0] if rank == 2 else [0.0])

@@ -14,6 +14,7 @@ from typing import Any
 from .backends import arrays
 from .control import keys
 from .errors import bad_argument, check_int
+from .job import progress
 from .job.lifecycle import current_world, resolve_group
 from .job.watch import unless_told
 from .process_group import ProcessGroup, ReduceOp, Work
@@ -30,6 +31,7 @@ def _rank_arg(name: str, rank: object, group: ProcessGroup) -> int:
     return rank
 
 
+@progress.entry("all_reduce()", group="pg")
 def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | None = None,
                async_op: bool = False) -> Work | None:
     """Reduce ``tensor`` across the group; every member gets the result in place."""
@@ -41,6 +43,7 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | N
     return ops.all_reduce(tensor, op, async_op)
 
 
+@progress.entry("broadcast()", group="pg")
 def broadcast(tensor: Any, src: int, group: ProcessGroup | None = None,
               async_op: bool = False) -> Work | None:
     """Copy global rank ``src``'s ``tensor`` to every member."""
@@ -51,6 +54,7 @@ def broadcast(tensor: Any, src: int, group: ProcessGroup | None = None,
     return ops.broadcast(tensor, src, async_op)
 
 
+@progress.entry("reduce()", group="pg")
 def reduce(tensor: Any, dst: int, op: ReduceOp = ReduceOp.SUM,
            group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Reduce ``tensor`` across the group into global rank ``dst``'s tensor."""
@@ -61,6 +65,7 @@ def reduce(tensor: Any, dst: int, op: ReduceOp = ReduceOp.SUM,
     return ops.reduce(tensor, dst, op, async_op)
 
 
+@progress.entry("all_gather()", group="pg")
 def all_gather(tensor_list: list, tensor: Any, group: ProcessGroup | None = None,
                async_op: bool = False) -> Work | None:
     """Fill ``tensor_list[i]`` with group rank i's ``tensor``."""
@@ -70,6 +75,7 @@ def all_gather(tensor_list: list, tensor: Any, group: ProcessGroup | None = None
     return ops.all_gather(tensor_list, tensor, async_op)
 
 
+@progress.entry("all_gather_into_tensor()", group="pg")
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
                            group: ProcessGroup | None = None,
                            async_op: bool = False) -> Work | None:
@@ -84,6 +90,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
         output_tensor, input_tensor, async_op)
 
 
+@progress.entry("reduce_scatter_tensor()", group="pg")
 def reduce_scatter_tensor(output: Any, input: Any, op: ReduceOp = ReduceOp.SUM,
                           group: ProcessGroup | None = None,
                           async_op: bool = False) -> Work | None:
@@ -95,6 +102,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: ReduceOp = ReduceOp.SUM,
         output, input, op, async_op)
 
 
+@progress.entry("all_to_all_single()", group="pg")
 def all_to_all_single(
     output: Any, input: Any, output_split_sizes: list[int] | None = None,
     input_split_sizes: list[int] | None = None, group: ProcessGroup | None = None,
@@ -108,6 +116,7 @@ def all_to_all_single(
         output, input, output_split_sizes, input_split_sizes, async_op)
 
 
+@progress.entry("gather()", group="pg")
 def gather(tensor: Any, gather_list: list | None = None, dst: int = 0,
            group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Collect every member's ``tensor`` into ``gather_list`` on global rank ``dst``."""
@@ -125,6 +134,7 @@ def gather(tensor: Any, gather_list: list | None = None, dst: int = 0,
     return ops.gather(tensor, gather_list, dst, async_op)
 
 
+@progress.entry("scatter()", group="pg")
 def scatter(tensor: Any, scatter_list: list | None = None, src: int = 0,
             group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Send ``scatter_list[i]`` on global rank ``src`` to group rank i's ``tensor``."""
@@ -139,6 +149,7 @@ def scatter(tensor: Any, scatter_list: list | None = None, src: int = 0,
     return ops.scatter(tensor, scatter_list, src, async_op)
 
 
+@progress.entry("send()", group="pg")
 def send(tensor: Any, dst: int, group: ProcessGroup | None = None) -> None:
     """Send ``tensor`` to global rank ``dst`` (blocking)."""
     pg = resolve_group(group, "send()")
@@ -146,6 +157,7 @@ def send(tensor: Any, dst: int, group: ProcessGroup | None = None) -> None:
     pg.usable("send()", make=False).send(tensor, dst)  # point to point: not counted per group
 
 
+@progress.entry("recv()", group="pg")
 def recv(tensor: Any, src: int, group: ProcessGroup | None = None) -> int:
     """Receive into ``tensor`` from global rank ``src`` (blocking); returns ``src``."""
     pg = resolve_group(group, "recv()")
@@ -154,6 +166,7 @@ def recv(tensor: Any, src: int, group: ProcessGroup | None = None) -> int:
     return src
 
 
+@progress.entry("barrier()", group="pg")
 def barrier(group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Wait until every member of ``group`` has reached this call.
 

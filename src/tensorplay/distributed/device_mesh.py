@@ -16,13 +16,17 @@ from .elastic import mesh as elastic_mesh
 from .elastic.mesh import sync_replicas
 from .errors import bad_argument
 from .geometry.roles import dim_roles
+from .job import progress
 from .job.lifecycle import current_or_adopted_world
 from .mesh import args
-from .mesh.value import DeviceMesh, _default, _laid_out, _make_groups, eagerness
+from .mesh.groups import eagerness, laid_out, make_groups, mesh_backend
+from .mesh.parts import MeshParts
+from .mesh.value import DeviceMesh
 
 __all__ = ["DeviceMesh", "init_device_mesh", "sync_replicas"]
 
 
+@progress.entry("init_device_mesh()")
 def init_device_mesh(
     device_type: str,
     mesh_shape: Sequence[int] | int,
@@ -69,7 +73,8 @@ def init_device_mesh(
     device = args.device_type(device_type)
     shape = args.mesh_shape(mesh_shape, world.size)
     names = args.dim_names(mesh_dim_names, len(shape))
-    backends = args.backend_override(backend_override, names, len(shape), _default(world, device))
+    backends = args.backend_override(backend_override, names, len(shape),
+                                     mesh_backend(world, device))
     if not isinstance(host_aware, bool):
         raise bad_argument("host_aware", host_aware, "must be True or False",
                            "pass host_aware=True to order ranks host by host")
@@ -84,9 +89,10 @@ def init_device_mesh(
         "backend_override": backends, "host_aware": host_aware, "elastic": None,
         "mesh_dim_roles": roles, "eager_groups": [own, views],
     })
-    spec = _laid_out(world, device, shape, names, host_aware)
-    return DeviceMesh._make(world, device, spec, spec, backends,
-                            _make_groups(world, spec, backends, own), roles, views)
+    spec = laid_out(world, device, shape, names, host_aware)
+    return DeviceMesh.of(MeshParts(world, device, spec, spec, backends,
+                                   make_groups(world, spec, backends, own),
+                                   roles if roles is not None else (None,) * spec.ndim, views))
 
 
 if __name__ == "__main__":  # the planning command's old spelling, kept working

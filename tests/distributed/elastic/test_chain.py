@@ -219,13 +219,13 @@ def test_roles_and_abstract_hold_through_a_shrink_and_a_grow_back():
         mesh = elastic_mesh.init(world, "cpu", (2, 2), ("dp", "tp"), ("gloo", "gloo"), False,
                                  (0, 1), given=True, roles=("replicate", "tensor"))
         try:
-            shrunk = enter(world, mesh, mesh._plan, {"epoch": 1, "shape": [1, 2],
+            shrunk = enter(world, mesh, mesh.parts.plan, {"epoch": 1, "shape": [1, 2],
                                                      "ranks": [0, 1], "lost": [3],
                                                      "spares": [2]}, kind="shrink")
         except StaleEpochError as told:  # the lost rank is told to leave; it comes back
             # (as its replacement would) when the mesh grows back
-            return str(told), enter(world, mesh, mesh._plan, grow_back, kind="join").abstract
-        grown = enter(world, shrunk, shrunk._plan, grow_back, kind="grow")
+            return str(told), enter(world, mesh, mesh.parts.plan, grow_back, kind="join").abstract
+        grown = enter(world, shrunk, shrunk.parts.plan, grow_back, kind="grow")
         return mesh.abstract, shrunk.abstract, grown.abstract, grown.mesh_dim_roles
 
     out = ThreadRanks(4).run(rank_main)
@@ -250,10 +250,10 @@ def _grow_without_rank_3(world, back):
     mesh = elastic_mesh.init(world, "cpu", (2, 2), ("dp", "tp"), ("gloo", "gloo"), False,
                              (0, 1), given=True)
     try:
-        shrunk = enter(world, mesh, mesh._plan, LOST, kind="shrink")
+        shrunk = enter(world, mesh, mesh.parts.plan, LOST, kind="shrink")
     except StaleEpochError:
         return None
-    grown = enter(world, shrunk, shrunk._plan, back, kind="grow")
+    grown = enter(world, shrunk, shrunk.parts.plan, back, kind="grow")
     return grown.epoch, grown.shape, grown.get_coordinate(), grown.last_recovery
 
 
@@ -305,7 +305,7 @@ def test_a_rank_that_entered_but_died_as_the_groups_are_made_costs_enter_s_not_t
         mesh = elastic_mesh.init(world, "cpu", (2, 2), ("dp", "tp"), ("gloo", "gloo"), False,
                                  (0, 1), given=True)
         with pytest.raises(StaleEpochError):
-            enter(world, mesh, mesh._plan, LOST, kind="shrink")
+            enter(world, mesh, mesh.parts.plan, LOST, kind="shrink")
         world.open_epoch(2, present=BACK["ranks"])
         return _elastic.enter_together(_elastic.board_of(world), BACK, 3, lambda: [])
 

@@ -8,6 +8,7 @@ builds PyTorch's answers first (in its fake world), destroys that world, then bu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch.distributed as torch_dist
 import tensorplay.distributed as dist
 from tensorplay.distributed.device_mesh import DeviceMesh, init_device_mesh
 from tensorplay.distributed.job import lifecycle as tp_world
+from tensorplay.distributed.mesh.parts import MeshParts
 
 NAMES = ("a", "b", "c")
 SHAPES = {
@@ -334,85 +336,25 @@ def test_a_million_ranks_3d(rank):
         assert world.registry.created == 4
 
 
-# -- (d) how many groups each operation creates -------------------------------------------
-
-
-def distinct_new_lines(array, rank, size):
-    """Lines through ``rank`` that are not the world (the world group already exists)."""
-    lines = {tuple(ref_line(array, rank, d)) for d in range(array.ndim)}
-    return len(lines - {tuple(range(size))})
-
-
-@pytest.mark.parametrize("size,shape", CASES, ids=str)
-def test_group_creation_counts(size, shape):
-    array = np.arange(size).reshape(shape)
-    names = NAMES[: len(shape)]
-    for rank in range(size):
-        with fake_world(rank, size) as world:  # every group made as its mesh is
-            mesh = init_device_mesh("cpu", shape, mesh_dim_names=names, eager_groups=True)
-            made = world.registry.created
-            assert made == distinct_new_lines(array, rank, size)
-            if 1 not in shape and len(shape) > 1:
-                assert made == len(shape)  # one per dim, not one per line
-            again = init_device_mesh("cpu", shape, mesh_dim_names=names)
-            assert again == mesh and world.registry.created == made
-            for dims in ordered_subsets(len(shape)):
-                mesh[tuple(names[d] for d in dims)]
-            assert world.registry.created == made  # slicing creates none
-            known = {tuple(range(size))} | {tuple(ref_line(array, rank, d))
-                                            for d in range(len(shape))}
-            for dims in ordered_subsets(len(shape), min_size=2):
-                picked = tuple(names[d] for d in dims)
-                merged = tuple(ref_select(array, dims, rank).reshape(-1).tolist())
-                before = world.registry.created
-                mesh[picked].flatten()
-                assert world.registry.created == before + (merged not in known)  # one, if new
-                known.add(merged)
-                after = world.registry.created
-                mesh[picked].flatten()
-                assert world.registry.created == after  # the same flatten again: none
-            assert mesh.flatten().get_group() is world.default_group
-
-
-def test_flatten_creates_exactly_one_group_at_its_first_use():
-    with fake_world(6, 16) as world:
-        mesh = init_device_mesh("cpu", (2, 2, 4), mesh_dim_names=("a", "b", "c"))
-        assert world.registry.created == 3
-        flat = mesh["a", "c"].flatten()
-        assert world.registry.created == 3
-        assert flat.get_group().ranks == [4, 5, 6, 7, 12, 13, 14, 15]
-        dist.all_reduce(np.zeros(1), group=flat.get_group())
-        assert world.registry.created == 4
-        assert mesh["a", "c"].flatten().get_group() is flat.get_group()
-        dist.all_reduce(np.zeros(1), group=mesh["a_c"].get_group())
-        assert world.registry.created == 4
-
-
-def test_unflatten_creates_only_the_new_dims():
-    with fake_world(5, 16) as world:
-        mesh = init_device_mesh("cpu", (2, 8), mesh_dim_names=("dp", "tp"))
-        assert world.registry.created == 2
-        split = mesh.unflatten("tp", (2, 4), ("tp0", "tp1"))
-        assert world.registry.created == 2  # at first use
-        assert [split.get_group(n).engine_group for n in ("tp0", "tp1")] == [None, None]
-        assert world.registry.created == 4
-        assert split.get_group("dp") is mesh.get_group("dp")
-        assert split.get_group("tp1").ranks == [4, 5, 6, 7]
+# -- (d) a frozen value ---------------------------------------------------------------------
 
 
 def test_a_mesh_is_a_frozen_value_whose_key_holds_its_backends():
     with fake_world(5, 8) as world:
         mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
         with pytest.raises(AttributeError, match="DeviceMesh is immutable"):
-            mesh._groups = ()
+            mesh._parts = mesh.parts
         with pytest.raises(AttributeError, match="DeviceMesh is immutable"):
             mesh.extra = 1
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            mesh.parts.groups = ()  # type: ignore[misc]
         spec = mesh.spec
         # as on an nccl world, where backend_override={"dp": "gloo"} gives ("gloo", "nccl")
-        nccl = DeviceMesh._make(world, "cuda", spec, spec, ("nccl", "nccl"), ())
-        mixed = DeviceMesh._make(world, "cuda", spec, spec, ("gloo", "nccl"), ())
+        nccl = DeviceMesh.of(MeshParts.root_of(world, "cuda", spec, ("nccl", "nccl"), ()))
+        mixed = DeviceMesh.of(MeshParts.root_of(world, "cuda", spec, ("gloo", "nccl"), ()))
         assert nccl != mixed and len({nccl, mixed}) == 2
-        assert DeviceMesh._make(world, "cuda", spec, spec, ("gloo", "nccl"), ()) == mixed
+        assert DeviceMesh.of(MeshParts.root_of(world, "cuda", spec, ("gloo", "nccl"), ())) \
+            == mixed
         assert init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp")) == mesh
 
 

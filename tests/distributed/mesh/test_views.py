@@ -23,7 +23,7 @@ from tensorplay.distributed.device_mesh import DeviceMesh, init_device_mesh
 from tensorplay.distributed.errors import ArgumentError, ArgumentTypeError, UnknownDimError
 from tensorplay.distributed.geometry.roles import ROLES, AbstractMesh
 from tensorplay.distributed.geometry.spec import MeshSpec
-from tensorplay.distributed.mesh import value as _mesh
+from tensorplay.distributed.mesh import views as _views
 from tests.laws import examples
 
 LAWS = examples(0.6)
@@ -204,7 +204,7 @@ def test_torchtitan_dense_and_expert_views(fake_world, rank):
     assert expert["efsdp", "ep"].flatten().get_group().ranks == \
         ref_line(array.reshape(2, 2, 32), rank, 2)
     assert expert["ep"].get_group() is cp_tp.get_group()
-    assert expert._root == dense.spec
+    assert expert.parts.root == dense.spec
 
 
 def test_an_expert_dim_that_cuts_a_dense_dim_gets_new_groups(fake_world):
@@ -243,7 +243,7 @@ def test_a_flatten_of_view_dims_slices_the_view_and_is_not_offered_elsewhere(fak
 
 def test_the_view_goes_through_the_cross_rank_check(fake_world, monkeypatch):
     seen = []
-    monkeypatch.setattr(_mesh, "agree", lambda world, what, request: seen.append((what,
+    monkeypatch.setattr(_views, "agree", lambda world, what, request: seen.append((what,
                                                                                   request)))
     monkeypatch.setattr(device_mesh_module, "agree",
                         lambda world, what, request: seen.append((what, request)))
@@ -434,76 +434,6 @@ def test_views_on_gloo_move_data_and_convert_to_torch(world8):
         assert out["ep_is_cp_tp"] and out["same_root"]
         assert out["torch_cut"] == out["cut"] == [ref_line(array.reshape(4, 2), rank, d)
                                                   for d in (0, 1)]
-
-
-# -- groups made at first use, or at once -------------------------------------------------------
-
-
-def made(mesh):
-    return [mesh.get_group(d).made for d in range(mesh.ndim)]
-
-
-def test_a_views_groups_are_made_at_first_use_and_stay_one_object(fake_world):
-    dense = titan(5, fake_world)
-    world = dist.world.current_world("test")
-    assert made(dense) == [True] * 5 and world.registry.created == 5  # init_device_mesh: at once
-    cut = dense.reshape((4, 32), ("a", "b"))
-    sliced, flat = cut["b"], cut.flatten()
-    assert made(cut) == [False, False] and world.registry.created == 5
-    assert flat.get_group() is world.default_group  # the world's, made with it
-    group = cut.get_group("b")
-    assert sliced.get_group() is group and cut.reshape((4, 32), ("a", "b")).get_group("b") \
-        is group
-    dist.all_reduce(np.zeros(2), group=group)
-    assert made(cut) == [False, True] and world.registry.created == 6
-    assert dense.reshape((4, 32), ("a", "b")).get_group("b") is group  # found, made
-    with pytest.raises(ArgumentError, match=r"send\(\): the 'a' group \[5, 37, 69, 101\] has "
-                       r"no communicator yet.*Fix: make it first on every member"):
-        dist.send(np.zeros(1), 37, group=cut.get_group("a"))
-    assert world.registry.created == 6
-
-
-@pytest.mark.parametrize("how", ["keyword", "environment"])
-def test_eager_groups_makes_every_group_when_its_mesh_is_made(fake_world, monkeypatch, how):
-    fake_world(5, 128)
-    if how == "environment":
-        monkeypatch.setenv("TENSORPLAY_EAGER_GROUPS", "1")
-    dense = init_device_mesh("cpu", TITAN, mesh_dim_names=TITAN_NAMES,
-                             **({"eager_groups": True} if how == "keyword" else {}))
-    cut = dense.reshape((4, 32), ("a", "b"))
-    assert made(cut) == [True, True] and made(cut["a", "b"].flatten()) == [True]
-    assert made(dense.unflatten("tp", (2, 2), ("t0", "t1"))) == [True] * 6
-
-
-def test_eager_groups_false_makes_none_until_first_use(fake_world, monkeypatch):
-    fake_world(5, 128)
-    monkeypatch.setenv("TENSORPLAY_EAGER_GROUPS", "0")
-    dense = init_device_mesh("cpu", TITAN, mesh_dim_names=TITAN_NAMES)
-    assert made(dense) == [False] * 5
-    assert dist.world.current_world("test").registry.created == 0
-    monkeypatch.setenv("TENSORPLAY_EAGER_GROUPS", "yes")
-    with pytest.raises(dist.LaunchEnvError, match="TENSORPLAY_EAGER_GROUPS='yes': expected "
-                       "1 or 0"):
-        init_device_mesh("cpu", TITAN, mesh_dim_names=TITAN_NAMES)
-    with pytest.raises(ArgumentTypeError, match="eager_groups='yes'"):
-        init_device_mesh("cpu", TITAN, mesh_dim_names=TITAN_NAMES, eager_groups="yes")
-
-
-def test_describe_lists_the_communicators_their_sharers_and_the_dims_without_one(fake_world):
-    dense = titan(5, fake_world)
-    dense["cp", "tp"].flatten()
-    expert = dense.reshape((2, 2, -1, 8), ("pp", "dp_replicate", "efsdp", "ep"))
-    text = expert.describe()
-    section = text[text.index("communicators of rank 5"):]
-    assert section.splitlines()[0] == "communicators of rank 5 (6 made in this world)"
-    assert ("[5, 69]                                 fake     'pp' of (pp, dp_replicate, "
-            "dp_shard, cp, tp); 'pp' of (pp, dp_replicate, efsdp, ep)") in section
-    assert section.endswith("not made yet (made at first use): 'ep' [0, 1, 2, 3, 4, 5, 6, 7]")
-    dist.all_reduce(np.zeros(1), group=expert.get_group("ep"))
-    section = expert.describe()[text.index("communicators of rank 5"):]
-    assert "'cp_tp' of (cp_tp); 'ep' of (pp, dp_replicate, efsdp, ep)" in section
-    assert section.endswith("every dim of this mesh has its communicator")
-    assert "communicators of" not in expert.describe(rank=6)  # another rank's: geometry only
 
 
 # -- the five torchtitan views, from outside: numpy's groups, one object per layout -------------

@@ -31,6 +31,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -53,10 +54,13 @@ from ..geometry.shrink import shrink
 from ..geometry.spec import MeshSpec
 from ..host import knobs, wire
 from ..host.wire import Recovery
+from ..job import progress
 from ..job.lifecycle import leave_unheard
 from ..job.watch import dead_on_this_host
 from ..job.world import World
-from ..mesh.value import DeviceMesh, _laid_out, _make_groups, _not_elastic
+from ..mesh.groups import laid_out, make_groups
+from ..mesh.parts import MeshParts
+from ..mesh.value import DeviceMesh, not_elastic
 from . import chain
 from .chain import Elastic
 from .session import Session, session_of
@@ -65,50 +69,56 @@ from .survivors import agree_lost
 WAIT_S = 5.0  # a rank not seen dead that never comes to the recovery is lost after this
 
 
+@dataclass(frozen=True, eq=False)
+class ElasticParts(MeshParts):
+    """What an elastic mesh is made of: a root mesh's parts, the plan of its epoch (elastic
+    dim, minimum, full shape and ranks, epoch, fresh ranks) and this process's ``Session``
+    (the watcher of the world's Board, the recoveries so far)."""
+
+    plan: Elastic
+    session: Session
+
+
 class ElasticMesh(DeviceMesh):
     """A DeviceMesh whose elastic dim's slices may be lost and put back (one epoch each).
 
-    Like every mesh a frozen value; ``recover`` and ``grow`` return the mesh of the next
-    epoch (or this one). Its slices and flattened views are plain meshes of its epoch.
+    Like every mesh a frozen value, made of ``ElasticParts`` only (``DeviceMesh.of``);
+    ``recover`` and ``grow`` return the mesh of the next epoch (or this one). Its slices and
+    flattened views are plain meshes of its epoch.
     """
 
-    __slots__ = ("_plan", "_session")
-    _plan: Elastic
-    _session: Session
+    __slots__ = ()
+    _parts: ElasticParts  # the slot DeviceMesh declares, holding ElasticParts here
 
-    @classmethod
-    def _elastic(cls, world: World, device: str, spec: MeshSpec, backends: tuple[str, ...],
-                 groups: tuple[Any, ...], plan: Elastic, session: Session,
-                 roles: Roles | None = None, eager: bool = False) -> ElasticMesh:
-        mesh = cls._make(world, device, spec, spec, backends, groups, roles, eager)
-        assert isinstance(mesh, ElasticMesh)
-        object.__setattr__(mesh, "_plan", plan)
-        object.__setattr__(mesh, "_session", session)
-        return mesh
+    @property
+    def parts(self) -> ElasticParts:
+        """This epoch's parts: the mesh's, its plan and this process's session."""
+        return self._parts
 
     @property
     def epoch(self) -> int:
         """0 at init_device_mesh, one more at each recover() or grow() that changed it."""
-        return self._plan.epoch
+        return self.parts.plan.epoch
 
     @property
     def last_recovery(self) -> Recovery | None:
         """What the epoch change that opened this mesh cost on this rank (lost and joined
         ranks, seconds detecting, agreeing, rebuilding groups, syncing): None at epoch 0.
         See ``host/wire.py``'s ``Recovery``."""
-        return self._session.recovery_of(self._plan.epoch)
+        return self.parts.session.recovery_of(self.parts.plan.epoch)
 
     @property
     def recoveries(self) -> list[Recovery]:
         """Every epoch change this process went through in this world, oldest first."""
-        return list(self._session.recoveries)
+        return list(self.parts.session.recoveries)
 
     @property
     def fresh_ranks(self) -> list[int]:
         """The ranks that joined this elastic mesh at its epoch and hold no training state
         yet (a replacement, a spare back in its slice): ``sync_replicas`` fills them."""
-        return list(self._plan.fresh)
+        return list(self.parts.plan.fresh)
 
+    @progress.entry("recover()")
     def recover(self, err: BaseException) -> DeviceMesh:
         """The elastic mesh without the slices of its elastic dim that held a lost rank.
 
@@ -121,10 +131,11 @@ class ElasticMesh(DeviceMesh):
         ``grow()`` or leave). Raises ShrinkError on every survivor below ``elastic_min`` or
         without a majority, StaleEpochError on a rank the others already declared lost.
         """
-        self._alive("recover()")
-        self._session.watching("recover()")
+        self.parts.alive("recover()")
+        self.parts.session.watching("recover()")
         return recover(self, err)
 
+    @progress.entry("grow()")
     def grow(self) -> DeviceMesh:
         """This elastic mesh, or the mesh grown back with ranks waiting to join.
 
@@ -135,21 +146,21 @@ class ElasticMesh(DeviceMesh):
         raises MembersFinished (``SystemExit(0)``: uncaught, the process ends with exit code
         0) once the members finished without it, so no loop waits on for ever.
         """
-        self._alive("grow()")
-        self._session.watching("grow()")
+        self.parts.alive("grow()")
+        self.parts.session.watching("grow()")
         return grow(self)
 
-    def _next(self, spec: MeshSpec, plan: Elastic, make: bool = True,
-              within: timedelta | None = None) -> ElasticMesh:
+    def next_epoch(self, spec: MeshSpec, plan: Elastic, make: bool = True,
+                   within: timedelta | None = None) -> ElasticMesh:
         """The mesh of a new epoch: ``spec``'s groups made in the current epoch (by their
         members: none outside the mesh; at first use where the mesh was made with
         eager_groups=False, or ``make`` is False; each ``within`` that long if given), this
         mesh's device, backends and roles (so ``abstract`` is the same again once the mesh
         grows back to its shape)."""
-        return ElasticMesh._elastic(self._world, self._device_type, spec, self._backends,
-                                    _make_groups(self._world, spec, self._backends,
-                                                 plan.own_groups and make, within),
-                                    plan, self._session, self._roles, self._eager)
+        parts = self.parts
+        groups = make_groups(parts.world, spec, parts.backends, plan.own_groups and make,
+                             within)
+        return ElasticMesh.of(replace(parts, spec=spec, root=spec, groups=groups, plan=plan))
 
 
 def init(world: World, device: str, shape: tuple[int, ...], names: tuple[str, ...] | None,
@@ -170,28 +181,29 @@ def init(world: World, device: str, shape: tuple[int, ...], names: tuple[str, ..
             "backend_override": backends, "host_aware": host_aware, "elastic": replicas,
             "mesh_dim_roles": roles, "eager_groups": list(eager),
         })
-    spec = _laid_out(world, device, shape, names, host_aware)
+    spec = laid_out(world, device, shape, names, host_aware)
     plan = Elastic(replicas[0], replicas[1], shape, tuple(spec.ranks().tolist()),
                    own_groups=eager[0])
     world.engine.prepare_elastic()  # type: ignore[attr-defined]  # Severable: refused above
     session = session_of(world)
     session.shape = shape
-    if joining:
-        like = ElasticMesh._elastic(world, device, spec, backends, (), plan, session, roles,
-                                    eager[1])
-        return join(world, like, plan)
-    return ElasticMesh._elastic(world, device, spec, backends,
-                                _make_groups(world, spec, backends, eager[0]), plan, session,
-                                roles, eager[1])
+    parts = ElasticParts(world, device, spec, spec, backends, (),
+                         roles if roles is not None else (None,) * spec.ndim, eager[1],
+                         plan, session)
+    if joining:  # a mesh of no groups, never used: it carries the device, names, backends
+        return join(world, ElasticMesh.of(parts), plan)
+    return ElasticMesh.of(replace(parts, groups=make_groups(world, spec, backends, eager[0])))
 
 
-def plan_of(mesh: DeviceMesh, what: str) -> Elastic:
-    """The mesh's elastic plan, or the error saying the mesh is not elastic."""
+def elastic_parts(mesh: DeviceMesh, what: str) -> ElasticParts:
+    """The parts of an elastic mesh, or the error saying the mesh is not elastic (a plain
+    mesh, a slice of an elastic one)."""
     if not isinstance(mesh, ElasticMesh):
-        raise _not_elastic(mesh, what)
-    return mesh._plan
+        raise not_elastic(mesh, what)
+    return mesh.parts
 
 
+@progress.entry("sync_replicas()", group="group")
 def sync_replicas(mesh: DeviceMesh, tensors: Sequence[Any]) -> None:
     """Bring the fresh ranks of an elastic mesh in line: each tensor broadcast along the
     elastic dim from the first member of this rank's replica group that is not fresh.
@@ -204,7 +216,8 @@ def sync_replicas(mesh: DeviceMesh, tensors: Sequence[Any]) -> None:
     """
     from ..collectives import broadcast
 
-    plan = plan_of(mesh, "sync_replicas()")
+    parts = elastic_parts(mesh, "sync_replicas()")
+    plan = parts.plan
     fresh = set(plan.fresh)
     if not fresh or mesh.get_coordinate() is None:
         return
@@ -219,15 +232,14 @@ def sync_replicas(mesh: DeviceMesh, tensors: Sequence[Any]) -> None:
     started = time.monotonic()
     for tensor in tensors:
         broadcast(tensor, sources[0], group=group)
-    if isinstance(mesh, ElasticMesh):
-        mesh._session.synced(plan.epoch, time.monotonic() - started)
+    parts.session.synced(plan.epoch, time.monotonic() - started)
 
 
 def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float | None = None,
             timeout_s: float | None = None) -> ElasticMesh:
     """The mesh without the slices that held a lost rank (see the module docstring); a rank
     neither seen dead nor come to the recovery is lost after ``wait_s`` (WAIT_S)."""
-    plan, world, spec = mesh._plan, mesh._world, mesh._spec
+    plan, world, spec = mesh.parts.plan, mesh.parts.world, mesh.spec
     if spec.coordinate_of(world.rank) is None:
         raise NotAMemberError(
             f"recover(): rank {world.rank} is a spare, not in the mesh of epoch {plan.epoch}. "
@@ -284,15 +296,15 @@ def grow(mesh: ElasticMesh) -> DeviceMesh:
     """On a member: this mesh, or the grown mesh when waiting ranks complete a removed slice
     (decided once per call for every member). On a spare: wait until admitted; MembersFinished
     (exit code 0) once the members finished without it."""
-    plan, world = mesh._plan, mesh._world
-    if mesh._spec.coordinate_of(world.rank) is None:
+    plan, world = mesh.parts.plan, mesh.parts.world
+    if mesh.spec.coordinate_of(world.rank) is None:
         decision = chain.await_admission(chain.board_of(world), world.rank, token(),
                                             plan.epoch, world.timeout.total_seconds())
         return enter(world, mesh, plan, decision, kind="join")
     started = time.monotonic()
     n = world.spmd.next("elastic-poll")
     board = chain.board_of(world)
-    grown = chain.poll(board, plan, n, set(mesh._spec.ranks().tolist()))
+    grown = chain.poll(board, plan, n, set(mesh.spec.ranks().tolist()))
     if grown is None:
         return mesh
     decision = chain.next_of(board, plan.epoch, grown)
@@ -327,7 +339,7 @@ def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, An
         print(f"tensorplay.distributed: {said}", file=sys.stderr, flush=True)
         leave_unheard(world)
         raise MembersFinished(said, epoch=decision["epoch"])
-    spec = MeshSpec.from_ranks(tuple(decision["shape"]), decision["ranks"], mesh._spec.names)
+    spec = MeshSpec.from_ranks(tuple(decision["shape"]), decision["ranks"], mesh.spec.names)
     if world.rank in decision.get("lost", ()):
         raise StaleEpochError(
             f"rank {world.rank} is still in epoch {plan.epoch}, but the others agreed it was "
@@ -335,7 +347,8 @@ def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, An
             f"{decision['epoch']} without it; it must leave. Fix: make it reach the recovery "
             f"sooner (a rank stalled this long counts as lost)")
     world.open_epoch(decision["epoch"], present=decision["ranks"])
-    mesh._session.entered(decision)
+    session = mesh.parts.session
+    session.entered(decision)
     joined = bool(decision.get("fresh")) and world.rank in decision["ranks"]
     try:  # a fresh rank lost on the way in, or as the groups are made (each within ENTER_S)
         never = chain.enter_together(chain.board_of(world), decision, world.rank,
@@ -346,15 +359,15 @@ def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, An
                 f"the elastic mesh {spec.shape} never arrived (died, or not there within "
                 f"{chain.ENTER_S:g} s)", ranks=never)
         started = time.monotonic()
-        entered = mesh._next(spec, plan.at(decision),
+        entered = mesh.next_epoch(spec, plan.at(decision),
                              within=timedelta(seconds=chain.ENTER_S) if joined else None)
     except (RankFailedError, DistributedTimeoutError) as err:
         if not joined:
             raise
         # recover from this epoch, on its mesh without groups, before going on
-        return recover(mesh._next(spec, plan.at(decision), make=False), err)
+        return recover(mesh.next_epoch(spec, plan.at(decision), make=False), err)
     lost = tuple(decision.get("lost", ()))
-    mesh._session.record(Recovery(
+    session.record(Recovery(
         epoch=decision["epoch"], kind=kind, shape=spec.shape, lost_ranks=lost,
         lost_hosts=_hosts_of(world, lost),
         joined_ranks=tuple(decision.get("fresh", ())), detect_s=detect_s, agree_s=agree_s,

@@ -59,6 +59,7 @@ def to_timedelta(timeout: object, name: str = "timeout") -> timedelta:
     return timedelta(seconds=seconds)
 
 
+@progress.entry("init_process_group()")
 def init_process_group(
     backend: str | None = None,
     init_method: str | None = None,
@@ -234,6 +235,7 @@ def is_initialized() -> bool:
     return _WORLD is not None
 
 
+@progress.entry("destroy_process_group()")
 def destroy_process_group() -> None:
     """Leave the world: every group and mesh of it stops working. A rank outside the job's
     current members (a spare of an elastic mesh that chose to leave) leaves as
@@ -295,6 +297,7 @@ def get_process_group_ranks(group: ProcessGroup | None = None) -> list[int]:
     return resolve_group(group, "get_process_group_ranks()").ranks
 
 
+@progress.entry("new_group()")
 def new_group(
     ranks: Sequence[int] | None = None, *, backend: str | None = None, desc: str = ""
 ) -> ProcessGroup:
