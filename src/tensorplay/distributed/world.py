@@ -146,10 +146,14 @@ class World:
             epoch, members = self.spmd.epoch, group.ranks
             bound = {"within_s": within.total_seconds(),
                      "stopped": lambda: self._severed_words(epoch, members)}
+        # bounded: made on a helper thread that is left blocked when the making is given up
+        # (unless_told), so over a store connection of its own, which the recovery that
+        # follows here does not queue behind (TorchEngine.new_group's ``apart``)
         engine_group = unless_told(
             lambda: f"creating the group [{format_ranks(ranks.tolist())}] ({what})", self,
             backend, lambda: self.engine.new_group(group.name, ranks, backend,
-                                                   within or self.timeout, desc), **bound)
+                                                   within or self.timeout, desc,
+                                                   apart=within is not None), **bound)
         if within is not None and isinstance(self.engine, Severable):
             self.engine.set_timeout(engine_group, self.timeout)
         self._registry.created += 1

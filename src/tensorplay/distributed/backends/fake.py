@@ -100,7 +100,7 @@ class FakeEngine:
         return Started(None, None)
 
     def new_group(self, name: str, ranks: Any, backend: str, timeout: timedelta,
-                  desc: str) -> Any:
+                  desc: str, *, apart: bool = False) -> Any:
         """Groups of the fake world have no engine object."""
         return None
 

@@ -253,8 +253,9 @@ class MpiEngine:
 
     # -- groups ------------------------------------------------------------------------------
     def new_group(self, name: str, ranks: Any, backend: str, timeout: timedelta,
-                  desc: str) -> Any:
-        """The communicator of ``ranks`` in this order: ``Create_group``, by its members."""
+                  desc: str, *, apart: bool = False) -> Any:
+        """The communicator of ``ranks`` in this order: ``Create_group``, by its members (no
+        store: ``apart`` changes nothing)."""
         members = ranks.tolist()
         step = f"creating the group [{format_ranks(members)}] ({desc})"
         world = self._made[0]
