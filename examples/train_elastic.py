@@ -28,7 +28,6 @@ import functools
 import os
 import signal
 import sys
-import threading
 import time
 
 import torch
@@ -67,10 +66,6 @@ def parse_args() -> argparse.Namespace:
                    help="for tests: that rank SIGSTOPs itself in that step, after its 'tp' "
                         "reduction, before its 'dp' ones: the ranks outside its 'dp' group "
                         "finish the step, its 'dp' partners do not (ranks at different steps)")
-    p.add_argument("--die-in-join", type=int, action="append", default=[], metavar="RANK",
-                   help="for tests: that rank's first replacement SIGKILLs itself 0.5 s after "
-                        "it starts joining (while it waits or as the mesh grows; not once it "
-                        "has joined)")
     p.add_argument("--verbose", action="store_true",
                    help="every rank prints the mesh it gets at each recovery or growth")
     a = p.parse_args()
@@ -178,13 +173,8 @@ def main() -> int:
     began = time.time()
     dist.init_process_group()
     rank, first_run = dist.get_rank(), os.environ.get("TENSORPLAY_RESTART_COUNT", "0") == "0"
-    restart = int(os.environ.get("TENSORPLAY_RESTART_COUNT", "0"))
-    killer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL))
-    if restart == 1 and rank in a.die_in_join:  # for tests: a replacement lost as it joins
-        killer.start()
     mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=MESH_NAMES, elastic="dp",
                             elastic_min=a.min_replicas)
-    killer.cancel()  # joined before the 0.5 s were up (a slow machine): the fault missed
 
     def say(text: str, everyone: bool = False) -> None:
         if mesh.get_coordinate() == [0, 0] or everyone:

@@ -311,7 +311,8 @@ class ThreadEngine:
         self.made: list[str] = []  # the groups' names, once per member that made one
         self.severed: list[str] = []  # the groups' names, once per member that broke one
 
-    def new_group(self, name: str, ranks: Any, backend: str, timeout: Any, desc: str) -> str:
+    def new_group(self, name: str, ranks: Any, backend: str, timeout: Any, desc: str, *,
+                  apart: bool = False) -> str:
         """A group of threads: its name stands for it, once its members met (``meets``)."""
         if self.meets:
             self._exchange.meet(name, len(ranks), timeout.total_seconds())

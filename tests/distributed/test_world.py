@@ -332,7 +332,7 @@ def _stuck_creation(rank_2_dead: bool = False):
     ranks = ThreadRanks(4, host_pids={0: 1, 1: 1, 2: exited_pid(), 3: 1} if rank_2_dead
                         else None)
     released = threading.Event()
-    ranks.engine.new_group = lambda *_args: released.wait(60) and "late"
+    ranks.engine.new_group = lambda *_args, **_kw: released.wait(60) and "late"
     return ranks.world(0), released
 
 
@@ -396,6 +396,24 @@ def test_a_bounded_group_creation_is_given_up_once_a_member_on_this_host_died():
     assert isinstance(err, dist.RankFailedError) and err.ranks == [2], err
     assert "rank 2 died while it was being made" in str(err), err
     assert elapsed < 30.0
+
+
+def test_only_a_bounded_group_creation_meets_over_a_store_connection_of_its_own():
+    """A bounded creation runs on a helper thread that is left blocked in the engine when it
+    is given up: its rendezvous must not hold the store connection the recovery that follows
+    uses (TorchEngine.new_group's ``apart``). An unbounded one runs on the caller's thread."""
+    from datetime import timedelta
+
+    from tensorplay.distributed.geometry.spec import Ranks
+    from tests.fakes import ThreadRanks
+
+    ranks = ThreadRanks(4)
+    asked: list[bool] = []
+    ranks.engine.new_group = lambda name, *_args, apart=False: asked.append(apart) or name
+    world = ranks.world(0)
+    world.group(Ranks.of([0, 1]), within=timedelta(seconds=5))
+    world.group(Ranks.of([0, 2]))
+    assert asked == [True, False]
 
 
 @pytest.mark.parametrize(("rank", "compared"), [(1, True), (5, False)])

@@ -239,7 +239,7 @@ class _StandIn:
         raise AttributeError(name)
 
     def new_group(self, name: str, ranks: Any, backend: str, timeout: timedelta,
-                  desc: str) -> Any:
+                  desc: str, *, apart: bool = False) -> Any:
         self.new_groups.append(name)
         return object()  # an engine group, that nothing may sever or close
 

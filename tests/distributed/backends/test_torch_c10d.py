@@ -158,3 +158,70 @@ def test_a_call_waiting_on_a_breakable_group_fails_within_a_slice_of_its_refusal
     got = spawn.run(_refused_while_waiting_job, 2, init=False, timeout=60)
     assert got[0]["error"] == "all_reduce() failed: a recovery began (test)", got
     assert 0.3 <= got[0]["seconds"] < timing.bound(0.3 + WAIT_SLICE.total_seconds(), 5.0), got
+
+
+RENDEZVOUS_S = 2.0  # how long gloo waits for the absent member in the test below
+
+
+def _abandoned_rendezvous_job(rank: int, apart: bool) -> dict:
+    """Rank 0 makes the group [0, 1] on a helper thread (as ``unless_told`` does for a grown
+    epoch's groups) and rank 1 never does, so gloo's rendezvous waits RENDEZVOUS_S in the store
+    for rank 1's address; once it waits there (its own address posted) rank 0's main thread
+    reads one key of the world's store. Seconds from the helper's start: when the read and the
+    rendezvous ended. Both ranks end once the rendezvous has failed."""
+    import threading
+    from datetime import timedelta
+
+    from torch.distributed import distributed_c10d as c10d
+
+    from tensorplay.distributed.geometry.spec import Ranks
+
+    tdist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    store = c10d._get_default_store()
+    engine = torch_c10d.TorchWorld(store, adopted=True)  # a world's engine, as start() makes
+    out: dict = {}
+    if rank == 0:
+        probe = store.clone()  # a connection of its own: sees the rendezvous's keys as posted
+        keys_before = probe.num_keys()
+        def make() -> None:
+            try:
+                engine.new_group("gloo-test-absent", Ranks.of([0, 1]), "gloo",
+                                 timedelta(seconds=RENDEZVOUS_S), "test", apart=apart)
+            except RuntimeError as err:
+                out["rendezvous"] = type(err).__name__
+            out["rendezvous_end"] = time.monotonic() - began
+        began = time.monotonic()
+        helper = threading.Thread(target=make, daemon=True)
+        helper.start()
+        # the helper is in its rendezvous once it has posted its own address; then it waits
+        # in the store for rank 1's, which never comes
+        assert timing.wait_until(lambda: probe.num_keys() > keys_before, 10.0), "no rendezvous"
+        store.check(["anything"])
+        out["read_end"] = time.monotonic() - began
+        helper.join(timing.guard(60))
+        store.set("rank 0 done", "1")
+    else:
+        store.wait(["rank 0 done"])
+    tdist.destroy_process_group()
+    return out
+
+
+@pytest.mark.slow  # two processes
+@pytest.mark.parametrize("apart", [True, False])
+def test_a_rendezvous_given_up_on_a_helper_thread_holds_no_store_call_of_the_process(apart):
+    """A TCPStore client serves one request at a time, and gloo's rendezvous waits in the store
+    for each member's address: made over the process's own connection (``apart=False``), the
+    group's making holds every store call of the process until gloo gives up (seen: ranks
+    that had given up a grown epoch's group sat 30 s in the recovery's first store read and
+    were declared lost); ``apart=True`` (a bounded making, ``World._make``) meets over a
+    connection of its own, and the main thread's read returns during the wait. If this torch
+    stops queueing (``apart=False`` answers during the wait too), the clone is not needed."""
+    from tests import spawn
+
+    got = spawn.run(_abandoned_rendezvous_job, 2, apart, init=False, timeout=60)[0]
+    assert got["rendezvous"] == "DistStoreError", got  # gloo gave up: rank 1 never came
+    assert got["rendezvous_end"] >= RENDEZVOUS_S, got
+    if apart:  # read 0.3 s in (0.0002 s here), long before gloo's wait ended
+        assert got["read_end"] < min(timing.bound(0.3, 0.5), got["rendezvous_end"]), got
+    else:  # queued behind the whole wait (2.004 s here)
+        assert got["read_end"] >= RENDEZVOUS_S, got

@@ -71,14 +71,21 @@ def test_a_suspect_that_is_alive_after_all_is_not_lost():
     assert [got for got, _ in out] == [[]] * 5, out
 
 
-def test_a_rank_that_comes_after_the_verdict_is_told_it_was_lost():
-    out = ThreadRanks(5).run(_attempt("late", late={4}, wait_s=0.3))
+@pytest.mark.parametrize("seen_alive", [False, True])
+def test_a_rank_that_comes_after_the_verdict_is_told_it_was_lost(seen_alive):
+    """Rank 4 comes once the others decided: it is lost, and its error says it was alive. When
+    the deciding rank saw its process running on its host (``alive``), the verdict says that
+    too (issue 41: the job's last line quoted such an error as the first failure)."""
+    alive = (lambda: [4]) if seen_alive else (lambda: ())
+    out = ThreadRanks(5).run(_attempt(f"late {seen_alive}", late={4}, wait_s=0.3, alive=alive))
     assert [got for got, _ in out[:4]] == [[4]] * 4, out
+    seen = r"; lost though alive on rank [0-3]'s host: 4" if seen_alive else ""
     assert re.fullmatch(
-        r"StaleEpochError: rank 4 reached the recovery after the others had agreed it was lost "
-        r"\(lost: 4; decided by rank [0-3] after (0\.[3-9]|[1-9]\d*\.\d) s, the wait ran out; "
-        r"seen dead: none; suspected: none\); it must leave the job\. Fix: make it reach the "
-        r"recovery sooner, or raise the wait", out[4][0]), out[4]
+        r"StaleEpochError: rank 4 was declared lost while alive: it reached the recovery after "
+        r"the others had agreed it was lost \(lost: 4; decided by rank [0-3] after "
+        r"(0\.[3-9]|[1-9]\d*\.\d) s, the wait ran out; seen dead: none; suspected: none"
+        rf"{seen}\); it must leave the job\. Fix: make it reach the recovery sooner, or raise "
+        r"the wait", out[4][0]), out[4]
 
 
 def test_without_a_majority_every_survivor_gets_the_same_refusal():

@@ -42,6 +42,16 @@ def test_a_mesh_may_shrink_to_one_slice_but_not_below_its_minimum():
         shrink((4, 2), range(8), 0, {3}, minimum=4)
 
 
+def test_lost_ranks_that_were_alive_are_said_to_be():
+    """Issue 41: ranks 1 and 3 were declared lost for coming late, and the job's last line
+    blamed rank 1: the error says they were alive (ranks alive but not lost go unnamed)."""
+    with pytest.raises(ShrinkError) as err:
+        shrink((2, 4), range(8), 0, {1, 3, 6}, minimum=1, dim_name="dp", hosts=("vm",),
+               alive=(0, 1, 2, 3, 4))
+    assert ("lost ranks 1, 3, 6 (host vm) in slices 0-1; ranks 1, 3 of them were alive, "
+            "declared lost for reaching the recovery late. Fix:") in str(err.value)
+
+
 def test_grow_puts_back_only_the_slices_whose_ranks_are_all_present():
     from tensorplay.distributed.geometry.shrink import grow
 

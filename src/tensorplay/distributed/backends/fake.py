@@ -101,7 +101,7 @@ class FakeEngine:
         return Started(None, None, self)
 
     def new_group(self, name: str, ranks: Any, backend: str, timeout: timedelta,
-                  desc: str) -> Any:
+                  desc: str, *, apart: bool = False) -> Any:
         """Groups of the fake world have no engine object."""
         return None
 

@@ -170,8 +170,9 @@ class MpiWorld(MpiEngine):
         self._made = [world_comm]  # this world's communicators, the world's first
 
     def new_group(self, name: str, ranks: Any, backend: str, timeout: timedelta,
-                  desc: str) -> Any:
-        """The communicator of ``ranks`` in this order: ``Create_group``, by its members."""
+                  desc: str, *, apart: bool = False) -> Any:
+        """The communicator of ``ranks`` in this order: ``Create_group``, by its members (no
+        store: ``apart`` changes nothing)."""
         members = ranks.tolist()
         step = f"creating the group [{format_ranks(members)}] ({desc})"
         world = self._made[0]

@@ -305,10 +305,14 @@ class Joined(Engine, Protocol):
     (``Severable``, ``GathersText``)."""
 
     def new_group(
-        self, name: str, ranks: Ranks, backend: str, timeout: timedelta, desc: str
+        self, name: str, ranks: Ranks, backend: str, timeout: timedelta, desc: str, *,
+        apart: bool = False
     ) -> Any:
         """The engine group of ``ranks`` in this order, called on members only (a simulated
-        engine must not list them: a group may hold a million ranks)."""
+        engine must not list them: a group may hold a million ranks). ``apart``: its members
+        meet over a store connection of their own, not the one the rest of the process uses
+        (a group made on a helper thread that may be given up while it waits, ``World._make``);
+        an engine whose groups meet without a store ignores it."""
         ...
 
     def ops(

@@ -287,19 +287,32 @@ class TorchWorld(TorchEngine):
         self._ops: dict[int, TorchGroupOps] = {}  # elastic worlds: id(engine group) -> its calls
 
     def new_group(
-        self, name: str, ranks: Any, backend: str, timeout: timedelta, desc: str
+        self, name: str, ranks: Any, backend: str, timeout: timedelta, desc: str, *,
+        apart: bool = False
     ) -> Any:
-        """Create a c10d group named ``name`` of ``ranks`` (in this order); members only."""
+        """Create a c10d group named ``name`` of ``ranks`` (in this order); members only.
+
+        ``apart``: the members meet over a clone of the store (a TCP connection of its own,
+        kept by the group, about 1 ms to open), for a group made on a helper thread that may
+        be given up while it waits (``World._make``). A TCPStore client serves one request at
+        a time, and gloo's rendezvous waits in the store for each peer's address, up to the
+        group's timeout: on the shared connection every store call of this process queues
+        behind that wait. Seen: rank 6's replacement SIGKILLed as a grown epoch's groups were
+        made; every rank gave its group up within 0.2 s, then sat in its first store call of
+        the recovery (a read of the failure marks, the vote's post) until gloo's 30 s wait
+        (ENTER_S) for an address that never came ran out; the first ones freed declared ranks
+        3 and 7, still waiting, lost, and the job ended below its minimum."""
         self.check_available(backend)
         ranks = ranks.tolist()
+        store = self._group_store.clone() if apart else self._group_store
         noted = self._sockets  # None outside an elastic world
-        before = _sockets() if noted is not None else set()
-        group, _ = c10d._new_process_group_helper(
+        before = _sockets() if noted is not None else set()  # after the clone: a sever()
+        group, _ = c10d._new_process_group_helper(  # breaks gloo's pairs, not the store
             len(ranks),
             ranks.index(dist.get_rank()),
             ranks,
             backend,
-            self._group_store,
+            store,
             cast("GroupName", name),  # torch's NewType of str, for its group names
             timeout=timeout,
             group_desc=desc,

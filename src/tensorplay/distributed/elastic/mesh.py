@@ -258,11 +258,11 @@ def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float | None = Non
     try:
         lost = agree_lost(board, plan.epoch, world.rank, members, suspects,
                           wait_s=WAIT_S if wait_s is None else wait_s, timeout_s=limit,
-                          dead=lambda: _seen_dead(world))
+                          dead=lambda: _seen_dead(world), alive=lambda: _seen_alive(world))
         names = spec.names
         shrunk = shrink(spec.shape, members, plan.dim, lost, minimum=plan.minimum,
                         dim_name=names[plan.dim] if names else None,
-                        hosts=_hosts_of(world, tuple(lost)))
+                        hosts=_hosts_of(world, tuple(lost)), alive=_seen_alive(world))
     except ShrinkError as failure:
         chain.end(board, plan.epoch, str(failure))
         raise
@@ -279,6 +279,14 @@ def _seen_dead(world: World) -> list[int]:
     declared their node lost (and no newer launcher of it runs them, ``wire.lost_ranks``)."""
     return ([r for r, _ in dead_on_this_host(world, 0.0)]
             + wire.lost_ranks(world.epochs.admitted_from))
+
+
+def _seen_alive(world: World) -> list[int]:
+    """The other ranks whose process still runs on this host: one of them declared lost came
+    to the recovery late (a stall, a wait in another call), and did not die; the verdict and
+    the errors say so, so that it is not taken for the rank that failed."""
+    dead = {r for r, _ in dead_on_this_host(world, 0.0)}
+    return [r for r in (world.epochs.host_pids or {}) if r != world.rank and r not in dead]
 
 
 def _let_go(err: BaseException | None) -> None:

@@ -42,12 +42,16 @@ SUSPECT_GRACE_S = 3.0  # a suspected rank (not seen dead) that is alive has this
 def agree_lost(board: Board, epoch: int, rank: int, members: Sequence[int],
                suspects: Iterable[int], *, wait_s: float = 5.0,
                timeout_s: float = 60.0,
-               dead: Callable[[], Iterable[int]] = lambda: ()) -> list[int]:
+               dead: Callable[[], Iterable[int]] = lambda: (),
+               alive: Callable[[], Iterable[int]] = lambda: ()) -> list[int]:
     """The lost ranks of ``members``, the same on every survivor (see the module docstring).
 
     ``dead()`` names the members this rank knows are gone (their process has ended on this
     host); asked at every poll, and posted with this rank's suspects, so no survivor waits
-    for a rank any survivor saw die. Raises ShrinkError when the survivors are no majority of
+    for a rank any survivor saw die. ``alive()`` names those whose process still runs on this
+    host, asked once by the rank that decides: a lost rank among them was late, not dead, and
+    the verdict says so ("lost though alive on rank 5's host: 1, 3"), as does the error of
+    that rank when it comes. Raises ShrinkError when the survivors are no majority of
     ``members`` by ``timeout_s``, and StaleEpochError when this rank arrived after the others
     had declared it lost.
     """
@@ -78,8 +82,11 @@ def agree_lost(board: Board, epoch: int, rank: int, members: Sequence[int],
                     "the suspects had their grace" if unsuspected_in else "the wait ran out")
             seen = format_ranks(sorted(gone)) if gone else "none"
             named = format_ranks(sorted(suspected)) if suspected else "none"
+            running = set(lost) & set(alive()) - gone
+            late = (f"; lost though alive on rank {rank}'s host: "
+                    f"{format_ranks(sorted(running))}") if running else ""
             decided["why"] = (f"decided by rank {rank} after {waited:.1f} s, {rule}; seen "
-                              f"dead: {seen}; suspected: {named}")
+                              f"dead: {seen}; suspected: {named}{late}")
             board.decide(verdict_key, json.dumps(decided))
             break
         time.sleep(POLL_S)
@@ -91,8 +98,8 @@ def agree_lost(board: Board, epoch: int, rank: int, members: Sequence[int],
             f"no part of the job may go on alone. Fix: restart the job from its last checkpoint")
     if rank in verdict["lost"]:
         raise StaleEpochError(
-            f"rank {rank} reached the recovery after the others had agreed it was lost "
-            f"(lost: {format_ranks(verdict['lost'])}; {verdict.get('why', '')}); it must leave "
-            f"the job. Fix: make it "
+            f"rank {rank} was declared lost while alive: it reached the recovery after the "
+            f"others had agreed it was lost (lost: {format_ranks(verdict['lost'])}; "
+            f"{verdict.get('why', '')}); it must leave the job. Fix: make it "
             f"reach the recovery sooner, or raise the wait")
     return verdict["lost"]

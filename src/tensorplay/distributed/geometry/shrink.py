@@ -43,12 +43,14 @@ class Shrunk:
 
 
 def shrink(shape: Sequence[int], ranks: Sequence[int], dim: int, lost: Iterable[int], *,
-           minimum: int = 1, dim_name: str | None = None, hosts: Sequence[str] = ()
-           ) -> Shrunk:
+           minimum: int = 1, dim_name: str | None = None, hosts: Sequence[str] = (),
+           alive: Iterable[int] = ()) -> Shrunk:
     """Remove the slices of ``dim`` holding a rank of ``lost`` from the row-major ``ranks``.
 
     Raises ShrinkError when fewer than ``minimum`` slices would remain (``dim_name`` words it,
-    ``hosts``, the lost ranks' hosts, follow them: "lost ranks 4-7 (host hostB) in slice 1").
+    ``hosts``, the lost ranks' hosts, follow them: "lost ranks 4-7 (host hostB) in slice 1";
+    ``alive``, lost ranks whose process still ran, are said to be: "ranks 1, 3 of them were
+    alive, declared lost for reaching the recovery late").
     """
     shape = tuple(int(s) for s in shape)
     if not 0 <= dim < len(shape):
@@ -65,8 +67,8 @@ def shrink(shape: Sequence[int], ranks: Sequence[int], dim: int, lost: Iterable[
         raise ShrinkError(
             f"mesh dim {name} would keep {len(keep)} of its {shape[dim]} slices, below its "
             f"minimum of {minimum}: lost {rank_words(gone & set(ranks))}{_on(hosts)} in "
-            f"slice{'s' if len(hit) > 1 else ''} {format_ranks(hit)}. Fix: restart the job "
-            f"from its last checkpoint, or allow a smaller minimum")
+            f"slice{'s' if len(hit) > 1 else ''} {format_ranks(hit)}{_late(gone, alive)}. "
+            f"Fix: restart the job from its last checkpoint, or allow a smaller minimum")
     kept, spares = [], []
     for i, r in enumerate(ranks):
         if (i % outer_stride) // inner in set(hit):
@@ -92,6 +94,16 @@ def grow(full_shape: Sequence[int], full_ranks: Sequence[int], dim: int,
     broken = {(i % outer_stride) // inner for i, r in enumerate(full_ranks) if r not in have}
     kept = tuple(r for i, r in enumerate(full_ranks) if (i % outer_stride) // inner not in broken)
     return shape[:dim] + (shape[dim] - len(broken),) + shape[dim + 1:], kept
+
+
+def _late(lost: set[int], alive: Iterable[int]) -> str:
+    """"; ranks 1, 3 of them were alive, ..." for lost ranks that were still running, or ""."""
+    late = lost & set(alive)
+    if not late:
+        return ""
+    were = "was" if len(late) == 1 else "were"
+    return (f"; {rank_words(late)} of them {were} alive, declared lost for reaching the "
+            f"recovery late")
 
 
 def _on(hosts: Sequence[str]) -> str:

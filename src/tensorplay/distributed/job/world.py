@@ -172,11 +172,15 @@ class World:
             epoch, members = self.spmd.epoch, group.ranks
             bound = {"within_s": within.total_seconds(),
                      "stopped": lambda: self._severed_words(epoch, members)}
+        # bounded: made on a helper thread that is left blocked when the making is given up
+        # (unless_told), so over a store connection of its own, which the recovery that
+        # follows here does not queue behind (TorchWorld.new_group's ``apart``)
         engine_group = unless_told(
             lambda: f"creating the group [{format_ranks(ranks.tolist())}] ({name.words})",
             self, backend, lambda: self.engine.new_group(group.name, ranks, backend,
                                                          within or self.timeout,
-                                                         name.engine_desc), **bound)
+                                                         name.engine_desc,
+                                                         apart=within is not None), **bound)
         if within is not None and isinstance(self.engine, Severable):
             self.engine.set_timeout(engine_group, self.timeout)
         self.registry.created += 1
