@@ -31,7 +31,7 @@ from tensorplay.distributed.elastic import chain
 from tensorplay.distributed.elastic import mesh as elastic_mesh
 from tensorplay.distributed.errors import MembersFinished, RankFailedError
 from tensorplay.distributed.geometry.spec import MeshSpec
-from tensorplay.distributed.host import env
+from tensorplay.distributed.host import knobs
 from tensorplay.distributed.job import lifecycle, progress
 from tensorplay.distributed.mesh.groups import make_groups
 from tensorplay.distributed.mesh.parts import MeshParts
@@ -203,7 +203,7 @@ class StartingEngine(ThreadEngine):
     def start(self, backend: str, init_method: str, *, rank: int, world_size: int,
               timeout: Any, master: Any) -> Started:
         store = self._store.connection()
-        store.set(keys.joined(rank), f"{os.getpid()} {env.hostname()}")
+        store.set(keys.joined(rank), f"{os.getpid()} {knobs.hostname()}")
         return Started(world_group="world", store=store, engine=self)
 
 
@@ -216,7 +216,7 @@ def _init_process_group(ranks: ThreadRanks, monkeypatch: Any) -> tuple[Callable,
     return (lambda: dist.init_process_group("gloo", "tcp://127.0.0.1:1", rank=0,
                                             world_size=2, timeout=TIMEOUT_S),
             lambda: ranks.store.connection().set(keys.joined(1),
-                                                 f"{os.getpid()} {env.hostname()}"))
+                                                 f"{os.getpid()} {knobs.hostname()}"))
 
 
 def _new_group(ranks: ThreadRanks, monkeypatch: Any) -> tuple[Callable, Callable]:

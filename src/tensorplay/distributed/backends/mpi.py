@@ -36,7 +36,7 @@ from ..errors import (
     bad_argument,
     format_ranks,
 )
-from ..host import env
+from ..host import launchers
 from . import mpi_watch, torch_engine_installed
 from .protocol import (
     Capabilities,
@@ -92,7 +92,7 @@ class MpiEngine:
         if not MPI.Is_initialized() or MPI.Is_finalized():
             return None
         size = MPI.COMM_WORLD.Get_size()
-        launch = env.detect()
+        launch = launchers.detect()
         if launch is not None and launch.world_size != size:
             return None
         return Running("mpi", MPI.COMM_WORLD.Get_rank(), size)
@@ -219,7 +219,7 @@ class MpiWorld(MpiEngine):
 
 def _size_error(me: int, size: int, rank: int, world_size: int) -> DistributedError:
     """Why MPI's world is not the one the launcher's variables (or the arguments) describe."""
-    launch = env.detect()
+    launch = launchers.detect()
     said = f"the launcher ({launch.source})" if launch is not None else "the arguments"
     if size == 1 and world_size > 1:
         line = f"mpiexec -n {world_size} python {_script_words()}"

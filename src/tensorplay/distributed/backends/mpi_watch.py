@@ -54,7 +54,7 @@ from ..errors import (
     RankFailedError,
     rank_words,
 )
-from ..host import env, procfs
+from ..host import knobs, launchers, procfs
 
 LOOK_S = 0.05  # how often the watchdog reads control messages and looks at the call in progress
 EXIT_GRACE_S = 1.0  # at exit, how long a rank waits for the others before saying it left
@@ -129,7 +129,7 @@ class Watch:
         prints each rank's pid (mpiexec names a failed rank by pid only). Not under Open MPI:
         its ULFM mode (``--with-ft ulfm``) keeps the survivors going, and their calls fail
         naming the lost ranks."""
-        launch = env.detect()
+        launch = launchers.detect()
         if launch is None or launch.source != "mpich":  # the same on every rank
             return
         me = MPI.COMM_WORLD.Get_rank()
@@ -449,7 +449,7 @@ def _host_key() -> str:
         namespace = os.readlink("/proc/self/ns/pid")
     except OSError:
         namespace = ""
-    return f"{env.hostname()}/{namespace}"
+    return f"{knobs.hostname()}/{namespace}"
 
 
 def _start_time(pid: int) -> str | None:

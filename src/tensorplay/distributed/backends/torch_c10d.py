@@ -49,7 +49,7 @@ from ..errors import (
     LaunchEnvError,
     bad_argument,
 )
-from ..host import env, launchers, netif
+from ..host import launchers, netif
 from . import torch_rendezvous, torch_store
 from .protocol import (
     Capabilities,
@@ -345,7 +345,7 @@ class TorchWorld(TorchEngine):
             self._cuda_device = torch.cuda.current_device()
             log.info("cuda mesh: keeping the current device cuda:%d", self._cuda_device)
             return
-        local = env.local_rank_from_env()
+        local = launchers.local_rank_from_env()
         if local is None:
             raise LaunchEnvError(
                 "init_device_mesh('cuda'): no current CUDA device and LOCAL_RANK is not set, "

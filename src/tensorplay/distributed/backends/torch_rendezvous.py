@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ..control import keys
 from ..errors import BackendError
-from ..host import env, netif, wire
+from ..host import knobs, launchers, netif, wire
 from . import torch_store
 
 log = logging.getLogger("tensorplay.distributed")
@@ -38,7 +38,7 @@ log = logging.getLogger("tensorplay.distributed")
 
 def joined_mark() -> str:
     """What a rank posts as it joins: its pid and host, which the host exchange reads."""
-    return f"{os.getpid()} {env.hostname()}"
+    return f"{os.getpid()} {knobs.hostname()}"
 
 
 def make_tcp_store(
@@ -53,7 +53,7 @@ def make_tcp_store(
     SPMD). A client waits for rank 0 to open its world there, so it never joins an old one.
     """
     prefix = keys.world_prefix(keys.next_world())
-    attempt = env.agent_store_attempt()
+    attempt = launchers.agent_store_attempt()
     if attempt is not None:
         netif.await_listener(host, port, time.monotonic() + timeout.total_seconds())
         client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
@@ -152,7 +152,7 @@ def pick_interface(master_host: str) -> None:
     if (chosen and route is not None and not netif.is_local(master_host)
             and netif.interface_addresses().get(chosen, "").startswith("127.")):
         raise BackendError(
-            f"host {env.hostname()}: GLOO_SOCKET_IFNAME={chosen} makes gloo advertise a "
+            f"host {knobs.hostname()}: GLOO_SOCKET_IFNAME={chosen} makes gloo advertise a "
             f"loopback address, which ranks on other hosts cannot reach (MASTER_ADDR "
             f"{master_host} is another host's, reached through {route.interface}, "
             f"{route.address}). Fix: unset GLOO_SOCKET_IFNAME, or set "
@@ -163,7 +163,7 @@ def pick_interface(master_host: str) -> None:
     for var in _IFNAME_VARS:
         _picked[var] = os.environ[var] = route.interface
     log.info("gloo advertises %s (interface %s), the address this host %s reaches "
-             "MASTER_ADDR %s from", route.address, route.interface, env.hostname(), master_host)
+             "MASTER_ADDR %s from", route.address, route.interface, knobs.hostname(), master_host)
 
 
 def forget_interface() -> None:

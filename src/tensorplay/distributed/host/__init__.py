@@ -6,8 +6,6 @@ Imports only the standard library and ``errors``.
   what its variables say (rank, size, local place, rank 0's address);
 - ``knobs``: the package's own settings (``TENSORPLAY_TIMEOUT``, ``TENSORPLAY_PROGRESS_S``,
   ``TENSORPLAY_STRICT``, ``TENSORPLAY_EAGER_GROUPS``, ``TENSORPLAY_HOSTNAME``);
-- ``env``: the names four modules still read as ``env.<name>``, the same objects as
-  ``launchers``' and ``knobs``';
 - ``netif``: the address and interface this host reaches another from; a store's socket;
 - ``procfs``: what /proc says of a process (state, children, command line, CPU time);
 - ``wire``: the contract between tensorplay-run and its ranks (variables, the verdict and

@@ -33,7 +33,7 @@ from ..errors import (
     RankFailedError,
     rank_words,
 )
-from ..host import env, wire
+from ..host import knobs, launchers, wire
 from .watch import Dead, dead_on_this_host, fix_failed, mark_failed, not_failed
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ def store_unreachable(world: JobContext, step: str, err: StoreFailed) -> RankFai
     """The error of ``step``, whose store call failed: the store's server is gone (rank 0
     for env:// and tcp://, naming it; the launcher of node 0 under tensorplay-run and
     torchrun)."""
-    if env.agent_store_attempt() is not None:  # a launcher serves it, not a rank
+    if launchers.agent_store_attempt() is not None:  # a launcher serves it, not a rank
         return RankFailedError(
             f"{step} failed: the job's store cannot be reached, so the launcher serving it "
             f"(tensorplay-run or torchrun on node 0) has gone or its machine cannot be "
@@ -149,7 +149,7 @@ def diagnose(
     said = f" Engine said: {engine_said(err)}." if err is not None else ""
     gone: list[tuple[int, int]] = []
     if dead is None:
-        here = env.hostname()
+        here = knobs.hostname()
         gone = dead_on_this_host(world, wait_s=0.0 if timed_out else DEATH_GRACE_S)
         dead = [(r, p, here) for r, p in not_failed(world, gone)]
     if dead or gone:  # a loss seen: this rank may end next, and is not a loss itself
@@ -163,7 +163,7 @@ def _worded(world: JobContext, step: str, said: str, dead: list[Dead], missing: 
     never = f"{rank_words(missing)} never arrived at it" if missing else ""
     if dead:
         host = dead[0][2]
-        where = "this host" if host == env.hostname() else f"host {host}"
+        where = "this host" if host == knobs.hostname() else f"host {host}"
         gone = ", ".join(f"rank {r} (pid {pid})" for r, pid, _ in dead)
         parts = [f"{step} failed: {gone} died (no longer running on {where})"]
         if never:

@@ -39,7 +39,7 @@ from ..backends.protocol import StoreFailed
 from ..control import keys
 from ..control.plane import Board
 from ..errors import FIX_FAILED, DistributedTimeoutError, RankFailedError
-from ..host import env, procfs, wire
+from ..host import knobs, procfs, wire
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -110,7 +110,7 @@ def death_watch(world: JobContext, notify: Callable[[list[Dead]], None],
         yield
         return
     stop = threading.Event()
-    here = env.hostname()
+    here = knobs.hostname()
 
     def watch() -> None:
         while not stop.wait(WATCH_S):

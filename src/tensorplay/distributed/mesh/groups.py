@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import bad_argument, bad_type
 from ..geometry.spec import MeshSpec
-from ..host import env
+from ..host import knobs
 from ..job.failures import named_failures
 from ..job.world import GroupName, World
 from ..process_group import ProcessGroup
@@ -42,7 +42,7 @@ def eagerness(given: object) -> tuple[bool, bool]:
     (False, False), None -> ``TENSORPLAY_EAGER_GROUPS`` (1, 0), else (True, False): a mesh's
     own groups at init, as torch's init_device_mesh; its views' at first use."""
     if given is None:
-        given = env.eager_groups_from_env()
+        given = knobs.eager_groups_from_env()
     if given is None:
         return True, False
     if not isinstance(given, bool):
