@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from contextlib import suppress
 from pathlib import Path
 
+from ..host import procfs
 from .options import PROG
 
 SUFFIX = ".ranks"
@@ -53,21 +54,10 @@ def _pid_of(path: Path) -> int | None:
     return int(name) if name.isdigit() else None
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (another user's process counts: not ours to judge)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _tables(folder: Path, alive: bool) -> list[Path]:
     """The tables in ``folder`` whose launcher runs (``alive``) or does not, by pid."""
     found = [(pid, p) for p in folder.glob(f"*{SUFFIX}") if (pid := _pid_of(p)) is not None]
-    return [p for pid, p in sorted(found) if _alive(pid) == alive]
+    return [p for pid, p in sorted(found) if procfs.alive(pid) == alive]
 
 
 def _private_dir() -> Path:
