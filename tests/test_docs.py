@@ -96,9 +96,17 @@ def _load(short: str) -> ModuleType:
     return importlib.import_module(f"{PACKAGE}.{short}" if short else PACKAGE)
 
 
+# modules whose import starts a world (mpi4py initialises MPI as it loads): imported here, a
+# later init_process_group() or "no world yet" test in this process would find that world
+# and adopt it, so their names are not checked
+STARTS_A_WORLD = {"backends.mpi", "backends.mpi_watch", "backends.mpi_collectives"}
+
+
 def _loadable(short: str) -> ModuleType | None:
-    """The module, or None where it needs an engine this environment lacks (torch, mpi4py):
-    its names are then not checked."""
+    """The module, or None where it needs an engine this environment lacks (torch, mpi4py)
+    or would start one (``STARTS_A_WORLD``): its names are then not checked."""
+    if short in STARTS_A_WORLD:
+        return None
     try:
         return _load(short)
     except ImportError:
