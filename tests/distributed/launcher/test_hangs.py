@@ -37,20 +37,27 @@ def test_a_stopped_process_is_seen_stopped_and_a_running_one_is_not():
         proc.wait()
 
 
-def test_the_beat_counts_the_collectives_made_in_the_current_world():
+def test_the_beat_counts_the_collectives_made_in_the_current_world(monkeypatch):
     import numpy as np
 
     import tensorplay.distributed as dist
+    from tensorplay.distributed.job import lifecycle
     from tensorplay.distributed.launcher import rank_main as _rank_main
 
     assert _rank_main._collectives_made() == 0  # no world
     dist.init_process_group("fake", rank=0, world_size=2)
+    world = lifecycle._WORLD
     try:
         for _ in range(3):
             dist.all_reduce(np.ones(2))
         assert _rank_main._collectives_made() == 3
     finally:
         dist.destroy_process_group()
+    # the beat thread may read a world the main thread is tearing down: its registry
+    # released, it counts 0, with no error to catch
+    monkeypatch.setattr(lifecycle, "_WORLD", world)
+    assert world is not None and world.registry.released
+    assert _rank_main._collectives_made() == 0
 
 
 def test_beats_name_a_main_thread_that_does_not_move_or_a_rank_that_gives_no_sign():

@@ -53,6 +53,52 @@ ENDINGS = {
         sys.excepthook = hook
         raise OSError("disk full")
     """,
+    "unprintable exception": """\
+        class Broken(Exception):
+            def __str__(self):
+                raise RuntimeError("no words")
+        raise Broken()
+    """,
+    "exits with an unprintable message": """\
+        class Code:
+            def __str__(self):
+                raise RuntimeError("no words")
+        raise SystemExit(Code())
+    """,
+    "excepthook raises": """\
+        import sys
+        def hook(t, v, tb):
+            raise RuntimeError("the hook broke")
+        sys.excepthook = hook
+        raise KeyError(1)
+    """,
+    "excepthook exits": """\
+        import sys
+        sys.excepthook = lambda *args: sys.exit(7)
+        raise KeyError(1)
+    """,
+    "stdout to a file of its own": """\
+        import atexit, os, sys
+        sys.stdout = open(f"log{os.getpid()}.txt", "w")
+        atexit.register(lambda: print("said at exit, into the log"))
+        print("into the log")
+        raise ValueError("bad lr")
+    """,
+    "peer lost, stdout's flush fails": """\
+        import io, sys
+        class Tee(io.TextIOBase):
+            def write(self, text):
+                return len(text)
+            def flush(self):
+                raise BrokenPipeError(32, "Broken pipe")
+            def __repr__(self):
+                return "<Tee>"
+        class RankFailedError(Exception):  # as if ours: the rank leaves skipping teardown
+            pass
+        RankFailedError.__module__ = "tensorplay.distributed.errors"
+        sys.stdout = Tee()
+        raise RankFailedError("rank 1 is gone")
+    """,
 }
 
 
@@ -110,6 +156,38 @@ def test_output_and_exit_code_are_pythons(tree, ending):
     same(run([sys.executable, "-m", module], tree), run(boot("--module", module), tree))
 
 
+def test_what_a_rank_goes_on_past_as_it_exits_is_said_as_python_says_it(tree):
+    """A failing hook, a failing flush at exit: the same words and status as python's (a
+    hook's sys.exit(7) is 7; a failed flush 120, even on the path that skips teardown), and a
+    file the script put in sys.stdout keeps what it prints after the traceback."""
+    got = {}
+    for ending in ("excepthook raises", "excepthook exits", "stdout to a file of its own",
+                   "peer lost, stdout's flush fails"):
+        done = run(boot("--file", ending_file(ending)), tree)
+        got[ending] = done.returncode, done.stderr
+    assert got["excepthook exits"] == (7, "")
+    code, err = got["excepthook raises"]
+    assert code == 1 and err.startswith("Error in sys.excepthook:\nTraceback (most recent")
+    assert "During handling" not in err and "rank_main.py" not in err
+    assert "RuntimeError: the hook broke\n\nOriginal exception was:\n" in err
+    assert got["stdout to a file of its own"][0] == 1
+    (log,) = tree.glob("log*.txt")
+    assert log.read_text() == "into the log\nsaid at exit, into the log\n"
+    code, err = got["peer lost, stdout's flush fails"]
+    flush = tree / ending_file("peer lost, stdout's flush fails")
+    assert code == 120 and err.endswith(
+        "tensorplay.distributed.errors.RankFailedError: rank 1 is gone\n"
+        "Exception ignored in: <Tee>\nTraceback (most recent call last):\n"
+        f'  File "{flush}", line 6, in flush\n'
+        '    raise BrokenPipeError(32, "Broken pipe")\n'
+        "BrokenPipeError: [Errno 32] Broken pipe\n"), err
+
+
+def ending_file(ending: str) -> str:
+    """The script of ``ending`` in ``tree``, from its working directory."""
+    return f"sub/end{list(ENDINGS).index(ending)}.py"
+
+
 def test_missing_module_and_file_are_reported_as_python_does(tree):
     same(run([sys.executable, "-m", "pkg.nope"], tree), run(boot("--module", "pkg.nope"), tree))
     same(run([sys.executable, "nope.py"], tree), run(boot("--file", "nope.py"), tree))
@@ -141,6 +219,11 @@ def reports(tree: Path, script: str) -> tuple[list[dict], subprocess.CompletedPr
     ("syntax error", {"event": "raised", "code": 1,
                       "what": "SyntaxError: '(' was never closed (end5.py, line 1)",
                       "first": '  File "{tree}/sub/end5.py", line 1'}),
+    ("unprintable exception", {"event": "raised", "code": 1,
+                               "what": "Broken: <str() failed: RuntimeError>",
+                               "first": "Traceback (most recent call last):"}),
+    ("exits with an unprintable message", {"event": "exit", "code": 1,
+                                           "what": "<str() failed: RuntimeError>"}),
 ])
 def test_the_report_says_how_the_script_ended(tree, ending, expected):
     got, done = reports(tree, f"sub/end{list(ENDINGS).index(ending)}.py")

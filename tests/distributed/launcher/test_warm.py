@@ -224,12 +224,22 @@ def test_a_second_thread_in_the_warm_process_falls_back_with_one_line(tmp_path):
 
 
 @pytest.mark.slow  # its warm process imports torch (about 1.5 s)
-def test_a_failing_preload_falls_back_with_one_line(tmp_path):
+@pytest.mark.parametrize(("body", "failed"), [
+    (None, "--preload no_such_mod failed (ModuleNotFoundError: No module named 'no_such_mod')"),
+    ("raise SystemExit(3)", "--preload no_such_mod failed (SystemExit: 3)"),
+    ("raise KeyboardInterrupt", "--preload no_such_mod failed (KeyboardInterrupt)"),
+])
+def test_a_failing_preload_falls_back_with_one_line(tmp_path, body, failed):
+    """Whatever the module's import raises, SystemExit and KeyboardInterrupt too, the launcher
+    says it in one line and starts the ranks plainly."""
+    if body is not None:
+        (tmp_path / "no_such_mod.py").write_text(body + "\n")
     job = script(tmp_path, REPORT)
     res = subprocess_run_in(tmp_path, "--nproc-per-node", "2", "--preload", "no_such_mod", job)
     assert res.returncode == 0, res.stderr
     said = [line for line in res.stderr.splitlines() if "warm start off" in line]
-    assert len(said) == 1 and "--preload no_such_mod failed (ModuleNotFoundError" in said[0]
+    assert said == [f"tensorplay-run: warm start off: {failed}; starting ranks as fresh "
+                    f"interpreters."], res.stderr
     assert [r["warm"] for r in reports(res.stdout)] == [False, False]
 
 
@@ -274,3 +284,124 @@ def test_each_warm_rank_shows_its_own_title_and_the_table_goes_at_the_end(tmp_pa
     assert "title was not set" not in err
     assert not path.exists()
     assert_all_gone(pids)
+
+
+# --- a forked rank's start and exit, without the server: _child and _run in a plain python ---
+
+# rank_main.main under warm._run, then os._exit: what a forked rank runs after its start, in
+# a process of its own (binding no name in __main__, as the rank's loader does)
+FORKED = ("__import__('os')._exit(__import__('tensorplay.distributed.launcher.warm', "
+          "fromlist=['_run'])._run(__import__('tensorplay.distributed.launcher.rank_main', "
+          "fromlist=['main']).main))")
+TEE = textwrap.dedent("""
+    import io, sys
+    class Tee(io.TextIOBase):
+        def write(self, text):
+            return len(text)
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+        def __repr__(self):
+            return "<Tee>"
+""")
+EXITS = {
+    "closes its stdout": "import sys\nprint('x')\nsys.stdout.close()\n",
+    "exits 3, its stdout's flush fails": TEE + "sys.stdout = Tee()\nsys.exit(3)\n",
+    "raises, its stderr's flush fails": TEE + "sys.stderr = Tee()\nraise ValueError('bad')\n",
+    "is interrupted joining its threads": """
+        import os, signal, sys, threading, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job ignores it
+        main = threading.main_thread().ident
+        def interrupt():
+            while sys._current_frames()[main].f_code.co_name != "_shutdown":
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        threading.Thread(target=interrupt).start()
+    """,
+    "has an excepthook that exits": """
+        import sys
+        sys.excepthook = lambda *args: sys.exit(7)
+        raise KeyError(1)
+    """,
+    "has an excepthook that raises": """
+        import sys
+        def hook(t, v, tb):
+            raise RuntimeError("the hook broke")
+        sys.excepthook = hook
+        raise KeyError(1)
+    """,
+    "raises KeyboardInterrupt": "raise KeyboardInterrupt\n",
+    "exits with an unprintable message": """
+        class Code:
+            def __str__(self):
+                raise RuntimeError("no words")
+            def __repr__(self):
+                return "<Code>"
+        raise SystemExit(Code())
+    """,
+}
+
+
+def ended(tmp_path, ending: str, *argv: str) -> subprocess.CompletedProcess:
+    """Run the EXITS script ``ending`` as ``argv`` (python, or FORKED) runs it."""
+    job = tmp_path / "job.py"
+    job.write_text(textwrap.dedent(EXITS[ending]))
+    return subprocess.run([*argv, str(job)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=timing.guard(30))
+
+
+@pytest.mark.parametrize(("ending", "status"), [
+    ("closes its stdout", 0), ("exits 3, its stdout's flush fails", 120),
+    ("is interrupted joining its threads", 0), ("has an excepthook that exits", 7),
+    ("has an excepthook that raises", 1), ("raises KeyboardInterrupt", -signal.SIGINT)])
+def test_a_forked_rank_leaves_as_python_does(tmp_path, ending, status):
+    """Its status (120 for a failed flush, whatever the script's; a hook's sys.exit; SIGINT)
+    and what is said on the way out are python's, a closed stream left alone."""
+    plain = ended(tmp_path, ending, sys.executable)
+    assert plain.returncode == status, plain.stderr
+    forked = ended(tmp_path, ending, sys.executable, "-c", FORKED, "--file")
+    assert (forked.stdout, forked.stderr, forked.returncode) == (
+        plain.stdout, plain.stderr, plain.returncode)
+
+
+def test_what_python_leaves_unsaid_at_exit_a_forked_rank_says(tmp_path):
+    """Where python says nothing (sys.stderr's own flush failed; a sys.exit argument it could
+    not print), a forked rank says what failed in python's words for an error it goes on past,
+    on fd 2, with python's status."""
+    plain = ended(tmp_path, "raises, its stderr's flush fails", sys.executable)
+    assert (plain.returncode, plain.stderr) == (120, "")
+    forked = ended(tmp_path, "raises, its stderr's flush fails", sys.executable, "-c", FORKED,
+                   "--file")
+    assert forked.returncode == 120
+    assert forked.stderr == (
+        "Exception ignored in: <Tee>\nTraceback (most recent call last):\n"
+        f'  File "{tmp_path / "job.py"}", line 7, in flush\n'
+        '    raise BrokenPipeError(32, "Broken pipe")\n'
+        "BrokenPipeError: [Errno 32] Broken pipe\n")
+    forked = ended(tmp_path, "exits with an unprintable message", sys.executable, "-c", FORKED,
+                   "--file")
+    assert forked.returncode == 1
+    assert forked.stderr == (
+        "Exception ignored in: <Code>\nTraceback (most recent call last):\n"
+        f'  File "{tmp_path / "job.py"}", line 4, in __str__\n'
+        '    raise RuntimeError("no words")\n'
+        "RuntimeError: no words\n")
+
+
+def test_a_forked_rank_that_cannot_start_says_why(tmp_path):
+    """_child's own start failing (the job's working directory gone) is said in one line on
+    the rank's stderr, and the rank exits 1: never a silent exit."""
+    child = textwrap.dedent(f"""
+        import os, socket
+        from tensorplay.distributed.launcher import warm
+        sock, _ = socket.socketpair()
+        fds = [os.open(os.devnull, os.O_RDONLY), os.dup(1), os.dup(2), os.dup(2)]
+        request = {{"cwd": {str(tmp_path / "gone")!r}, "env": {{}}, "argv": ["--file", "x.py"]}}
+        warm._child(request, fds, sock, os.pipe(), {{}})
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                          timeout=timing.guard(30))
+    assert done.returncode == 1
+    assert done.stderr == (
+        "tensorplay-run: the warm process could not start this rank (FileNotFoundError: "
+        f"[Errno 2] No such file or directory: {str(tmp_path / 'gone')!r}).\n")

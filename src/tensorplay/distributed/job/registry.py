@@ -61,7 +61,9 @@ class GroupRegistry:
         return list(self._uses.get(_key(group), ()))
 
     def groups(self) -> list[ProcessGroup]:
-        """Every group of this epoch, the world group included."""
+        """Every group of this epoch, the world group included: a copy made in one C call,
+        so another thread may read it while this one adds or releases groups (the launcher's
+        beat thread in each rank does: launcher/rank_main._collectives_made)."""
         return list(self._groups.values())
 
     def register_flatten(self, root_key: tuple, name: str, dims: tuple) -> None:

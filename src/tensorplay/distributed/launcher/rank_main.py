@@ -136,12 +136,22 @@ def _watch_parent(parent_pid: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def one_line(exc: BaseException) -> str:
-    """'Type: message' on one line: the message's lines joined, cut to WHAT_CHARS."""
+def text_of(obj: object, as_repr: bool = False) -> str:
+    """``str(obj)`` (``repr`` with ``as_repr``), or what it raised instead: '<str() failed:
+    RuntimeError>'. Such an object is the script's (an exception's message, sys.exit's
+    argument, a stream it put in sys.stdout), so its method may raise anything; the text
+    names what, as the interpreter's traceback shows '<exception str() failed>' there, and
+    the failure being described is still said."""
     try:
-        message = str(exc)
-    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the failure
-        message = "<unprintable>"
+        return repr(obj) if as_repr else str(obj)
+    except Exception as err:  # noqa: BLE001 - the script's code: what it raised is in the text
+        return f"<{'repr' if as_repr else 'str'}() failed: {type(err).__qualname__}>"
+
+
+def one_line(exc: BaseException) -> str:
+    """'Type: message' on one line: the message's lines joined, cut to WHAT_CHARS (a message
+    that cannot be made: ``text_of``'s '<str() failed: RuntimeError>')."""
+    message = text_of(exc)
     text = type(exc).__qualname__
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     if lines:
@@ -173,12 +183,17 @@ def _beat(report: Reporter, every_s: float, main_ident: int | None) -> None:
 
 def _collectives_made() -> int:
     """How many collectives this process made in its current world (0 without one): read
-    from the package if the script loaded it, never importing it."""
+    from the package if the script loaded it, never importing it.
+
+    Read on the beat thread while the main thread makes, swaps or tears down the world, and
+    nothing of it can fail there: ``world.registry`` is a field set at the world's making
+    (``open_epoch`` swaps it whole), ``groups()`` copies the registry's dict in one C call
+    that no other thread's bytecode interleaves (under the GIL, and under the dict's lock
+    in a free-threaded build), so ``release``'s ``clear()`` leaves it the groups or none,
+    and each group's ``calls`` is an int set in its ``__init__``. A world torn down counts
+    0 (its registry released), a change like any other."""
     world = getattr(sys.modules.get("tensorplay.distributed.job.lifecycle"), "_WORLD", None)
-    try:
-        return sum(g.calls for g in world.registry.groups()) if world is not None else 0
-    except Exception:  # noqa: BLE001 - a world being torn down: no count this time
-        return -1
+    return sum(g.calls for g in world.registry.groups()) if world is not None else 0
 
 
 def _where(frame) -> str:
@@ -222,7 +237,7 @@ class Reporter:
         elif isinstance(code, int):
             self.send("exit", code=code, what=None)
         else:
-            self.send("exit", code=1, what=str(code)[:WHAT_CHARS])
+            self.send("exit", code=1, what=text_of(code)[:WHAT_CHARS])
 
     def raised(self, exc: BaseException, first: str | None) -> None:
         self.send("raised", code=1, what=one_line(exc), first=first)
@@ -235,18 +250,79 @@ def _trim(tb, ours: set[str]):
     return tb
 
 
-def _print_uncaught(exc: BaseException) -> None:
-    """Print exc as the interpreter prints an uncaught exception: through sys.excepthook."""
+def print_uncaught(exc: BaseException) -> None:
+    """Print exc as the interpreter prints an uncaught exception: through sys.excepthook, and
+    where the hook itself fails, as CPython's ``_PyErr_PrintEx`` does: a SystemExit it raises
+    ends the process with its code (raised here), anything else is printed after "Error in
+    sys.excepthook:", then the original after "Original exception was:"."""
     sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
     if sys.version_info >= (3, 12):
         sys.last_exc = exc
     try:
         sys.excepthook(type(exc), exc, exc.__traceback__)
-    except BaseException as hook_error:  # noqa: BLE001 - what the interpreter does, too
+    except SystemExit:  # the hook's sys.exit(): the interpreter exits with its code
+        raise
+    except BaseException as hook_error:  # noqa: BLE001 - the script's hook: both printed, as CPython
+        # as the interpreter shows it: from the hook's own frame, and not as raised while
+        # handling exc (the interpreter calls the hook with no exception being handled)
+        hook_error.__traceback__ = _trim(hook_error.__traceback__, {__file__})
+        if hook_error.__context__ is exc:
+            hook_error.__context__ = None
         print("Error in sys.excepthook:", file=sys.stderr)
         sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
         print("\nOriginal exception was:", file=sys.stderr)
         sys.__excepthook__(type(exc), exc, exc.__traceback__)
+
+
+def say(text: str) -> None:
+    """Write ``text`` on fd 2, whole: how this file and the warm process report an error they
+    go on past as a rank starts or exits, where ``sys.stderr`` may be what failed (closed,
+    replaced by the script, its buffer stuck). Nothing is said when fd 2 itself is gone: there
+    is nowhere left to say it, and the exit status says the rest."""
+    data = text.encode(errors="backslashreplace")
+    try:
+        while data:
+            data = data[os.write(2, data):]
+    except OSError:  # fd 2 closed, or its reader gone: nowhere left to say anything
+        pass
+
+
+def print_ignored(where: str, err: BaseException) -> None:
+    """Report an error the process goes on past as it exits, in the words the interpreter
+    uses for one (``sys.unraisablehook``'s default, which CPython writes in C): "Exception
+    ignored in: <where>", the traceback from the call that failed (the frame that made the
+    call left out: the interpreter makes it from C), then "module.Type: message", with the
+    ": " even for an empty message and no chained exceptions. On fd 2 (``say``)."""
+    import traceback
+
+    tb = err.__traceback__.tb_next if err.__traceback__ is not None else None
+    shown = "".join(["Traceback (most recent call last):\n", *traceback.format_tb(tb)]
+                    ) if tb is not None else ""
+    name, module = type(err).__qualname__, type(err).__module__
+    if module not in ("builtins", "__main__"):
+        name = f"{module}.{name}"
+    say(f"Exception ignored in: {where}\n{shown}{name}: {text_of(err)}\n")
+
+
+def flush_std_streams() -> bool:
+    """Flush sys.stdout, then sys.stderr, as the interpreter does as it exits (CPython's
+    ``flush_std_files``): a stream that is None or closed is left alone, and one whose flush
+    fails is reported (``print_ignored``: the interpreter's words for stdout, and for stderr,
+    which the interpreter leaves unsaid, the same words on fd 2). Returns False when one
+    failed: the interpreter's exit status is then 120, whatever the script's was."""
+    flushed = True
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:
+            continue
+        try:
+            # a stream of the script's own may have no ``closed``: flushed, as the interpreter does
+            if not getattr(stream, "closed", False):
+                stream.flush()
+        except BaseException as err:  # noqa: BLE001 - the exit must go on (os._exit): said, 120
+            # a stream the script put there may raise anything, as the interpreter allows
+            print_ignored(text_of(stream, as_repr=True), err)
+            flushed = False
+    return flushed
 
 
 def _peer_lost(exc: BaseException) -> bool:
@@ -259,29 +335,35 @@ def _peer_lost(exc: BaseException) -> bool:
 
 
 def _exit_skipping_teardown(code: int) -> None:
-    """Run the atexit handlers and flush, as the interpreter does at exit, then leave without
-    tearing down the modules: destroying a gloo group whose peer is frozen or gone can end in
-    C++'s "terminate called without an active exception" (SIGABRT), after the error was said."""
+    """Run the atexit handlers and flush, as the interpreter does at exit (a failed flush: said,
+    and status 120, as the interpreter's), then leave without tearing down the modules:
+    destroying a gloo group whose peer is frozen or gone can end in C++'s "terminate called
+    without an active exception" (SIGABRT), after the error was said."""
     import atexit
-    import contextlib
 
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed stream: nothing more to say
-            stream.flush()
-    os._exit(code)
+    os._exit(code if flush_std_streams() else 120)
 
 
 def _stdout_to_stderr() -> None:
     """After the traceback, send what the rank still prints (an atexit handler's words) to
     stderr: the launcher holds a traceback from its first line on, but reads stdout and stderr
     on two threads, so a stdout line written after the traceback could reach the terminal
-    before it (seen once in a full test run on 2 busy cores). One pipe keeps the order."""
+    before it (seen once in a full test run on 2 busy cores). One pipe keeps the order.
+
+    It is fd 1 that is pointed at fd 2's pipe, whatever the script put in sys.stdout (a log
+    file of its own stays its own). What a closed stream or a failed write raises (io: ValueError
+    for an operation on a closed stream, OSError for the system call's) is left to the flush
+    at exit, which skips a closed stream and tries the text held back again, now into fd 2's
+    pipe, saying its error if it fails again (status 120); any other error is the script's
+    own stream's, raised."""
     import contextlib
 
-    with contextlib.suppress(Exception):  # a closed stream: nothing more to keep in order
-        sys.stdout.flush()
-        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    if sys.stdout is not None:
+        with contextlib.suppress(OSError, ValueError):  # said at exit, by the flush there
+            sys.stdout.flush()
+    with contextlib.suppress(OSError):  # fd 1 or 2 closed by the script: no order to keep
+        os.dup2(2, 1)
 
 
 def _quiet_excepthook(*_args: object) -> None:
@@ -364,7 +446,7 @@ def main() -> None:
         lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
         first = "".join(lines).splitlines()[0] if lines else None
         report.raised(exc, first)
-        _print_uncaught(exc)
+        print_uncaught(exc)  # a hook's sys.exit() leaves here, with its code
         _stdout_to_stderr()
         if _peer_lost(exc):
             _exit_skipping_teardown(1)

@@ -50,12 +50,13 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from typing import IO
 
 from ..host import procfs
 from . import rank_main
+from .bugs import report_bug
 
 CLOSE_S = 10.0  # how long the server may take to end once the launcher lets it go
 KILLED_S = 5.0  # and to be reaped after a SIGKILL, before the launcher leaves it
@@ -301,10 +302,15 @@ def serve() -> None:
         for name in preload:
             try:
                 importlib.import_module(name)
-            except BaseException as err:  # noqa: BLE001 - told to the launcher
+            except BaseException as err:  # noqa: BLE001 - the user's module: told to the launcher
+                # its import may raise anything, SystemExit and KeyboardInterrupt included (SIGINT
+                # is ignored here, so only one it raises itself): each means this --preload
+                # failed, which the launcher says in one line before it starts ranks plainly
                 why = f"--preload {name} failed ({rank_main.one_line(err)})"
                 break
-    except BaseException as err:  # noqa: BLE001 - told to the launcher
+    except BaseException as err:  # noqa: BLE001 - torch's or numpy's import: told to the launcher
+        # a library's import may raise anything besides the ImportError of one not installed
+        # (torch: OSError for a broken shared library, RuntimeError): said the same way
         why = f"the warm process failed to import ({rank_main.one_line(err)})"
     sys.path[:] = path
     why = why or _unsafe()
@@ -398,8 +404,13 @@ def _child(request: dict, fds: list[int], sock: socket.socket, wake: tuple[int, 
         _reseed()
         sys.argv = ["-c", *request["argv"]]
         code = _run(rank_main.main)
+    except OSError as err:  # the rank's start failed (its working directory gone): said, exit 1
+        rank_main.say(f"tensorplay-run: the warm process could not start this rank "
+                      f"({rank_main.one_line(err)}).\n")
+    except BaseException as err:  # noqa: BLE001 - a bug here (_run raises nothing): said, exit 1
+        report_bug("the warm process's start of a rank", err)
     finally:
-        os._exit(code)
+        os._exit(code)  # never the server's own teardown, nor its loop, in a fork
 
 
 def _reseed() -> None:
@@ -413,40 +424,56 @@ def _reseed() -> None:
     backends.reseed_forked()
 
 
-def _run(main) -> int:
-    """Run main() and leave as the interpreter does: the exit code of SystemExit (printed when
-    not an int), a traceback and 1 for an exception (rank_main printed it already), death by
-    SIGINT for KeyboardInterrupt; then non-daemon threads joined, atexit run, streams flushed."""
-    code = 0
-    interrupted = False
+def _run(main: Callable[[], None]) -> int:
+    """Run main() and leave as the interpreter does (CPython's ``Py_RunMain``): the status of
+    SystemExit (``_exit_status``), a traceback and 1 for an exception (rank_main printed the
+    script's own already), death by SIGINT for KeyboardInterrupt; then non-daemon threads
+    joined, atexit run, streams flushed (one that fails: said, and 120). What fails on the
+    way out is said as the interpreter says it, and the exit goes on."""
+    code, interrupted = 0, False
     try:
         main()
     except SystemExit as exc:
-        if exc.code is None:
-            code = 0
-        elif isinstance(exc.code, int):
-            code = exc.code
-        else:
-            with suppress(Exception):
-                print(exc.code, file=sys.stderr)
-            code = 1
-    except KeyboardInterrupt as exc:
-        sys.excepthook(type(exc), exc, exc.__traceback__)
-        interrupted = True
-    except BaseException as exc:  # noqa: BLE001 - the interpreter's way
-        sys.excepthook(type(exc), exc, exc.__traceback__)
-        code = 1
-    with suppress(BaseException):
+        code = _exit_status(exc)
+    except BaseException as exc:  # noqa: BLE001 - the interpreter's way: printed, then 1 or SIGINT
+        code, interrupted = 1, isinstance(exc, KeyboardInterrupt)
+        try:
+            rank_main.print_uncaught(exc)  # the script's: rank_main's quiet hook prints nothing
+        except SystemExit as hook_exit:  # sys.excepthook called sys.exit(): its status
+            code, interrupted = _exit_status(hook_exit), False
+        except BaseException as err:  # noqa: BLE001 - printing failed (the script's sys.stderr)
+            rank_main.print_ignored("sys.excepthook", err)  # said; the exit goes on
+    try:
         threading._shutdown()  # type: ignore[attr-defined]
+    except BaseException as err:  # noqa: BLE001 - as the interpreter's wait_for_thread_shutdown: said
+        # a Ctrl-C while the script's threads are joined, or their own error: the exit goes on
+        rank_main.print_ignored(rank_main.text_of(threading, as_repr=True), err)
     import atexit
 
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - the interpreter's status for a failed flush
-            code = code or 120
+    if not rank_main.flush_std_streams():
+        code = 120  # the interpreter's status for a failed flush at exit, whatever the script's
     if interrupted:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     return code & 0xFF
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """The status the interpreter exits with for ``sys.exit(code)`` (pythonrun.c's
+    ``_Py_HandleSystemExit``): 0 for None, an int as it is, anything else 1, printed on
+    stderr first (fd 2 when sys.stderr is None). A code that cannot be printed (its __str__,
+    or the script's sys.stderr, raises) is said in the interpreter's words for an error it
+    goes on past, where the interpreter itself says nothing."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    if sys.stderr is None:
+        rank_main.say(rank_main.text_of(exc.code) + "\n")
+        return 1
+    try:
+        print(exc.code, file=sys.stderr)
+    except BaseException as err:  # noqa: BLE001 - the code's __str__, sys.stderr: said; exit goes on
+        rank_main.print_ignored(rank_main.text_of(exc.code, as_repr=True), err)
+    return 1
