@@ -18,7 +18,6 @@ on hostB: both post, both read both, and both print::
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -85,7 +84,7 @@ class _Meeting:
         f, client = self.flags, self.client
         me = Node(f.index, f.host, f.nproc, f.nnodes)
         self.claim = client.add(_keys.NODE_CLAIM.format(node=f.index), 1)
-        client.set(_keys.NODE_INFO.format(node=f.index, claim=self.claim), json.dumps(me.__dict__))
+        client.set(_keys.NODE_INFO.format(node=f.index, claim=self.claim), me.dumps())
         if self.claim > 1:
             first = self._read_node(f.index)
             text = (f"node {f.index} was claimed twice (--node-rank {f.index} on {first.host} "
@@ -214,7 +213,7 @@ class _Meeting:
 
     def _read_node(self, i: int, claim: int = 1) -> Node:
         raw = self.client.get(_keys.NODE_INFO.format(node=i, claim=claim))
-        return Node(**json.loads(raw))
+        return Node.loads(raw)
 
     def _check_agree(self) -> None:
         nodes = self.roster.nodes.values()

@@ -13,13 +13,12 @@ beat: ``live == {0: 1, 1: 2}``, ``lost == set()``, and the beat key of node 1 is
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass
 
 from ..errors import format_ranks
 from . import keys
-from .store import Client
+from .store import Client, Posted
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class NodeFlags:
 
 
 @dataclass
-class Node:
+class Node(Posted):
     """What a launcher posted about itself at join."""
 
     index: int
@@ -59,7 +58,7 @@ class Node:
 
 
 @dataclass(frozen=True)
-class NodeChange:
+class NodeChange(Posted):
     """Elastic mode: a node lost (``kind`` 'lost') or taken back by a new launcher ('back').
     Posted once in the job's store, read by every launcher; the job goes on either way."""
 
@@ -69,13 +68,6 @@ class NodeChange:
     host: str
     ranks: list[int]
     text: str
-
-    def dumps(self) -> str:
-        return json.dumps(self.__dict__)
-
-    @staticmethod
-    def loads(raw: bytes | str) -> NodeChange:
-        return NodeChange(**json.loads(raw))
 
 
 class Roster:

@@ -29,6 +29,7 @@ False when the store only did not answer (a frozen node 0, a cut link). Worked e
 from __future__ import annotations
 
 import errno
+import json
 import os
 import socket
 import threading
@@ -45,6 +46,21 @@ CALL_S = 2.0  # a launcher's bounded store call gives up after this long
 POLL_S = 0.05  # how often a launcher that waits for a key looks again
 
 T = TypeVar("T")
+R = TypeVar("R", bound="Posted")
+
+
+class Posted:
+    """A record launchers post in the job's store as one JSON object (a dataclass's fields):
+    ``Verdict(kind="lost", text="node 1 ...", ranks=[4, 5, 6, 7]).dumps()`` is
+    ``{"kind": "lost", "text": "node 1 ...", ...}``, and ``Verdict.loads`` of it the same
+    record again."""
+
+    def dumps(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def loads(cls: type[R], raw: bytes | str) -> R:
+        return cls(**json.loads(raw))
 
 
 class LauncherStore(Protocol):

@@ -12,30 +12,22 @@ node 1 posts first::
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import keys
-from .store import CALL_S, POLL_S, Client, StoreGone, bounded
+from .store import CALL_S, POLL_S, Client, Posted, StoreGone, bounded
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Verdict(Posted):
     """Why the job stops: posted once by one launcher, printed by every one."""
 
     kind: str  # 'join', 'lost', 'failed', 'store', 'bug' (a launcher's own internal error)
     node: int  # the node that posted it
     text: str
     lost: int | None = None  # the node declared lost, which will not read this
-
-    def dumps(self) -> str:
-        return json.dumps(self.__dict__)
-
-    @staticmethod
-    def loads(raw: bytes | str) -> Verdict:
-        return Verdict(**json.loads(raw))
 
 
 class Verdicts:
