@@ -3,17 +3,35 @@ that run the launcher's join, heartbeat and verdicts as threads of this process.
 
 Values are set as str and read as bytes, as torch's TCPStore does; ``get`` of a missing key
 raises at once (the launcher only gets keys it checked). ``kill()`` stops the server: every
-later call raises RuntimeError("Connection reset by peer"), as a client of a dead TCPStore
-does. ``broken`` replaces one verb with a function that raises what a bug would::
+later call raises ``Gone("Connection reset by peer")``, as a client of a dead TCPStore
+raises a RuntimeError; ``failure`` is this store's reader of its errors (``torch_store.failure``
+is torch's), and ``client(raw)`` a launcher client of it. ``broken`` replaces one verb with a
+function that raises what a bug would::
 
     raw = MemoryStore()
     raw.broken["add"] = ZeroDivisionError("division by zero")
-    Client(raw).add("k", 1)  # ZeroDivisionError: not a store failure, so not a StoreGone
+    client(raw).add("k", 1)  # ZeroDivisionError: not a store failure, so not a StoreGone
 """
 
 from __future__ import annotations
 
 import threading
+
+from tensorplay.distributed.launcher.store import Client
+
+
+class Gone(RuntimeError):
+    """What a call of a killed MemoryStore raises."""
+
+
+def failure(err: BaseException) -> str | None:
+    """This store's reading of its errors: "gone" once killed; anything else is a bug."""
+    return "gone" if isinstance(err, Gone) else None
+
+
+def client(raw: MemoryStore) -> Client:
+    """A launcher client of ``raw``."""
+    return Client(raw, failure)
 
 
 class MemoryStore:
@@ -32,7 +50,7 @@ class MemoryStore:
         if verb in self.broken:
             raise self.broken[verb]
         if self._dead:
-            raise RuntimeError("Connection reset by peer")
+            raise Gone("Connection reset by peer")
 
     def add(self, key: str, amount: int, /) -> int:
         self._enter("add")

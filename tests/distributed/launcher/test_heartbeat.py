@@ -22,7 +22,7 @@ from tensorplay.distributed.launcher.roster import Node, NodeChange, NodeFlags, 
 from tensorplay.distributed.launcher.store import CALL_S, Client
 from tensorplay.distributed.launcher.verdicts import Verdict, Verdicts
 from tests import timing
-from tests.distributed.launcher.memory_store import MemoryStore
+from tests.distributed.launcher.memory_store import MemoryStore, client
 from tests.distributed.launcher.test_nodes import Nodes, job
 from tests.spawn import free_port
 
@@ -185,7 +185,7 @@ def _heartbeat(index: int, raw: MemoryStore | None = None, port: int = 1,
 
     def connect() -> Client:
         if raw is not None:
-            return Client(raw)
+            return client(raw)
         return store.connect("127.0.0.1", port, time.monotonic() + CALL_S, CALL_S)
 
     def on_bug(where: str, err: BaseException) -> None:
@@ -244,11 +244,11 @@ def test_a_launcher_gone_is_a_verdict_or_in_elastic_mode_news_unless_it_had_fini
 def test_node_0_waits_for_the_others_to_finish_and_names_its_own_store_if_that_fails():
     raw = MemoryStore()
     beat = _heartbeat(0, raw)
-    Client(raw).add(keys.NODE_BEAT.format(node=1, claim=1), DONE)
-    assert beat.await_others(Client(raw), lambda: False) is True
+    client(raw).add(keys.NODE_BEAT.format(node=1, claim=1), DONE)
+    assert beat.await_others(client(raw), lambda: False) is True
 
     raw.kill()
-    assert beat.await_others(Client(raw), lambda: False) is False
+    assert beat.await_others(client(raw), lambda: False) is False
     assert beat.verdicts.verdict == Verdict(
         "store", 0, "this node's own store at 127.0.0.1:1 failed while it waited for the other "
                     "nodes to finish (Connection reset by peer)")
@@ -258,4 +258,4 @@ def test_a_bug_while_node_0_waits_for_the_others_is_raised_not_taken_for_a_faile
     raw = MemoryStore()
     raw.broken["add"] = KeyError("tensorplay-run/beat/1/1")
     with pytest.raises(KeyError):
-        _heartbeat(0, raw).await_others(Client(raw), lambda: False)
+        _heartbeat(0, raw).await_others(client(raw), lambda: False)

@@ -20,10 +20,9 @@ import pytest
 from tensorplay.distributed.launcher import keys, store
 from tensorplay.distributed.launcher.nodes import JobNodes
 from tensorplay.distributed.launcher.roster import NodeFlags
-from tensorplay.distributed.launcher.store import Client
 from tensorplay.distributed.launcher.verdicts import Verdict
 from tests import spawn, timing
-from tests.distributed.launcher.memory_store import MemoryStore
+from tests.distributed.launcher.memory_store import MemoryStore, client
 from tests.spawn import free_port
 
 LAUNCHER = [sys.executable, "-m", "tensorplay.distributed.run"]
@@ -124,7 +123,7 @@ def test_a_bug_in_the_heartbeat_thread_is_said_on_stderr_and_stops_the_job_on_ev
         monkeypatch, capfd):
     raw = MemoryStore()
     raw.broken["add"] = ZeroDivisionError("division by zero")  # node 1's beat is an add
-    monkeypatch.setattr(store, "connect", lambda *args: Client(raw))
+    monkeypatch.setattr(store, "connect", lambda *args: client(raw))
     nodes = JobNodes(NodeFlags(nnodes=2, index=1, nproc=1, host="hostB", addr="127.0.0.1",
                                port=1, grace_s=10.0, join_timeout_s=5.0, elastic=False))
     verdicts: queue.SimpleQueue[Verdict] = queue.SimpleQueue()

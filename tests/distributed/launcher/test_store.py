@@ -10,13 +10,17 @@ import pytest
 
 from tensorplay.distributed.launcher import store
 from tensorplay.distributed.launcher.store import Client, StoreGone
-from tests.distributed.launcher.memory_store import MemoryStore
+from tests.distributed.launcher.memory_store import MemoryStore, client
 from tests.spawn import free_port
 
 
 def test_the_stores_own_failures_are_store_gone_in_one_line_and_not_refused():
+    """Read as torch's store's are (``torch_store.failure``): a RuntimeError or OSError is
+    the store gone."""
+    from tensorplay.distributed.backends import torch_store
+
     raw = MemoryStore()
-    client = Client(raw)
+    client = Client(raw, torch_store.failure)
     assert client.add("k", 2) == 2 and client.check(["k"]) and client.get("k") == b"2"
     raw.kill()
     with pytest.raises(StoreGone) as gone:
@@ -31,8 +35,12 @@ def test_the_stores_own_failures_are_store_gone_in_one_line_and_not_refused():
 def test_anything_else_a_store_call_raises_is_a_bug_and_goes_up_as_it_is():
     raw = MemoryStore()
     raw.broken["compare_set"] = TypeError("compare_set() takes 3 arguments")
+    from tensorplay.distributed.backends import torch_store
+
     with pytest.raises(TypeError):
-        Client(raw).compare_set("k", "", "v")
+        Client(raw, torch_store.failure).compare_set("k", "", "v")
+    with pytest.raises(TypeError):
+        client(raw).compare_set("k", "", "v")
 
 
 def test_a_store_whose_address_refuses_connections_is_gone_and_refused():

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tensorplay.distributed.launcher.store import Client
 from tensorplay.distributed.launcher.verdicts import Verdict, Verdicts
-from tests.distributed.launcher.memory_store import MemoryStore
+from tests.distributed.launcher.memory_store import MemoryStore, client
 from tests.distributed.launcher.test_nodes import Nodes, job
 
 
@@ -75,17 +74,17 @@ def test_verdicts_travel_as_json():
 def test_the_first_verdict_posted_stands_for_every_launcher():
     raw = MemoryStore()
     first, second = Verdicts(1), Verdicts(0)
-    mine = first.post(Client(raw), "failed", "node 1 (hostB) failed: rank 3: exit code 3")
-    theirs = second.post(Client(raw), "lost", "node 1 (hostB, ranks 2-3) went silent", lost=1)
+    mine = first.post(client(raw), "failed", "node 1 (hostB) failed: rank 3: exit code 3")
+    theirs = second.post(client(raw), "lost", "node 1 (hostB, ranks 2-3) went silent", lost=1)
     assert theirs == mine == Verdict("failed", 1, "node 1 (hostB) failed: rank 3: exit code 3")
-    assert Verdicts(0).await_verdict(Client(raw), 0.0) == mine
+    assert Verdicts(0).await_verdict(client(raw), 0.0) == mine
 
 
 def test_a_launcher_that_cannot_reach_the_store_keeps_its_own_word():
     raw = MemoryStore()
     raw.kill()
     alone = Verdicts(1)
-    assert alone.post(Client(raw), "failed", "node 1 failed") == Verdict("failed", 1,
+    assert alone.post(client(raw), "failed", "node 1 failed") == Verdict("failed", 1,
                                                                           "node 1 failed")
     assert Verdicts(1).post(None, "bug", "no client") == Verdict("bug", 1, "no client")
-    assert Verdicts(0).await_verdict(Client(raw), 5.0) is None  # at once: nobody else will say
+    assert Verdicts(0).await_verdict(client(raw), 5.0) is None  # at once: nobody else will say

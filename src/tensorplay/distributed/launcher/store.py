@@ -103,40 +103,45 @@ def said(err: BaseException) -> str:
     return (lines[0] if lines else type(err).__name__)[:200]
 
 
-def _call(verb: Callable[..., T], *args: Any) -> T:
-    """``verb(*args)`` on torch's store; its failures, as the engine's store module reads them
-    (``torch_store.failure``: gone or a wait ran out), are a ``StoreGone``; anything else is
-    a bug and goes up as it is."""
-    from ..backends import torch_store  # loaded already: a client exists
+Failure = Callable[[BaseException], "str | None"]  # a store's reader of its own errors
 
+
+def _call(failure: Failure, verb: Callable[..., T], *args: Any) -> T:
+    """``verb(*args)`` on the store; what its implementation's reader of errors
+    (``failure``: ``torch_store.failure`` for torch's store, the torch engine's reader too)
+    calls a failure, gone or a wait ran out, is a ``StoreGone``; anything else is a bug and
+    goes up as it is."""
     try:
         return verb(*args)
     except Exception as err:
-        if torch_store.failure(err) is None:
+        if failure(err) is None:
             raise
         raise StoreGone(said(err)) from err
 
 
 class Client:
-    """A client of the job's store whose every failure is a ``StoreGone``."""
+    """A client of the job's store whose every failure is a ``StoreGone``. ``failure`` reads
+    the implementation's errors: ``connect`` gives torch's (``torch_store.failure``), a test's
+    in-memory store its own."""
 
-    def __init__(self, raw: LauncherStore):
+    def __init__(self, raw: LauncherStore, failure: Failure):
         self._raw = raw
+        self._failure = failure
 
     def add(self, key: str, amount: int) -> int:
-        return int(_call(self._raw.add, key, amount))
+        return int(_call(self._failure, self._raw.add, key, amount))
 
     def set(self, key: str, value: str) -> None:
-        _call(self._raw.set, key, value)
+        _call(self._failure, self._raw.set, key, value)
 
     def get(self, key: str) -> bytes:
-        return _call(self._raw.get, key)
+        return _call(self._failure, self._raw.get, key)
 
     def check(self, keys: list[str]) -> bool:
-        return bool(_call(self._raw.check, keys))
+        return bool(_call(self._failure, self._raw.check, keys))
 
     def compare_set(self, key: str, expected: str, desired: str) -> bytes:
-        return _call(self._raw.compare_set, key, expected, desired)
+        return _call(self._failure, self._raw.compare_set, key, expected, desired)
 
 
 def can_serve() -> bool:
@@ -179,7 +184,8 @@ def connect(host: str, port: int, deadline: float, timeout_s: float) -> Client:
     from ..backends import torch_store
 
     timeout = timedelta(seconds=max(deadline - time.monotonic(), timeout_s))
-    return Client(_call(torch_store.connect, host, port, timeout))
+    return Client(_call(torch_store.failure, torch_store.connect, host, port, timeout),
+                  torch_store.failure)
 
 
 def bounded(call: Callable[[], T], timeout_s: float) -> T:
