@@ -19,11 +19,11 @@ The layers, bottom up (docs/architecture.md draws them):
 
 from __future__ import annotations
 
-import ast
 import sys
 from pathlib import Path
 
 from tests.distributed.test_import_graph import PACKAGE, import_graph
+from tests.distributed.test_imports import _all_imports
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "src" / "tensorplay" / "distributed"
 FOLDERS = ("geometry", "host", "backends", "control", "job", "mesh", "elastic", "launcher",
@@ -86,13 +86,8 @@ def test_the_rule_catches_an_import_upwards():
 def _outside_imports(path: Path) -> set[str]:
     """Top-level names imported anywhere in the file that are neither the standard library
     nor this package."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            names.add(node.module.split(".")[0])
-    return {n for n in names if n not in sys.stdlib_module_names and n != "tensorplay"}
+    return {n for n in _all_imports(path)
+            if n not in sys.stdlib_module_names and n != "tensorplay"}
 
 
 def test_the_pure_folders_import_only_the_standard_library_and_numpy():
