@@ -12,6 +12,8 @@ import pytest
 from tensorplay.distributed.backends.etcd import Etcd, EtcdFailed, failure, health
 from tests import etcd, spawn, timing
 
+pytestmark = pytest.mark.slow  # starts an etcd daemon
+
 
 @pytest.fixture(scope="module")
 def member():
