@@ -12,7 +12,9 @@ there, a bad value a ``LaunchEnvError`` naming the variable, its value and the f
 - ``TENSORPLAY_EAGER_GROUPS``: 1 makes every mesh group at once, 0 each at its first use
   (``eager_groups_from_env``; unset: a mesh's own groups at once, its views' at first use);
 - ``TENSORPLAY_HOSTNAME``: this host's name, so that one machine can play many hosts in
-  tests (``hostname``).
+  tests (``hostname``);
+- ``TENSORPLAY_ETCD_BINARY``: the etcd server ``tensorplay-run --store etcd`` runs, a path
+  (``etcd_binary_from_env``; unset: ``etcd`` on PATH, else beside the Python running).
 
 Worked example: ``TENSORPLAY_TIMEOUT=600 TENSORPLAY_PROGRESS_S=0`` gives
 ``timeout_from_env() == 600.0`` and ``progress_from_env() == 0.0`` (no notice);
@@ -37,6 +39,7 @@ TENSORPLAY_PROGRESS_S = "TENSORPLAY_PROGRESS_S"
 TENSORPLAY_STRICT = "TENSORPLAY_STRICT"
 TENSORPLAY_EAGER_GROUPS = "TENSORPLAY_EAGER_GROUPS"
 TENSORPLAY_HOSTNAME = "TENSORPLAY_HOSTNAME"
+TENSORPLAY_ETCD_BINARY = "TENSORPLAY_ETCD_BINARY"
 DEFAULT_PROGRESS_S = 30.0
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -107,3 +110,9 @@ def _seconds(environ: Mapping[str, str] | None, name: str, default: float, examp
 def hostname(environ: Mapping[str, str] | None = None) -> str:
     """This host's name: TENSORPLAY_HOSTNAME (to simulate many hosts in tests), else the OS's."""
     return _text(environ, TENSORPLAY_HOSTNAME) or socket.gethostname()
+
+
+def etcd_binary_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """TENSORPLAY_ETCD_BINARY: the etcd server to run, as given ("/opt/etcd/bin/etcd"); None
+    when unset (the launcher's ``etcd_members.find_binary`` checks that it runs)."""
+    return _text(environ, TENSORPLAY_ETCD_BINARY)

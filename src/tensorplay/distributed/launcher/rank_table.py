@@ -60,9 +60,10 @@ def _tables(folder: Path, alive: bool) -> list[Path]:
     return [p for pid, p in sorted(found) if procfs.alive(pid) == alive]
 
 
-def _private_dir() -> Path:
-    """Make the table directory (0700) if it is missing, and check it is this user's alone.
-    Raises OSError naming what is wrong (a link, another owner, a mode open to others)."""
+def private_dir() -> Path:
+    """Make the table directory (0700) if it is missing, and check it is this user's alone
+    (``etcd_members`` keeps its members' data there too). Raises OSError naming what is
+    wrong (a link, another owner, a mode open to others)."""
     path = table_dir()
     with suppress(FileExistsError):
         os.mkdir(path, 0o700)
@@ -91,7 +92,7 @@ class RankTable:
     def create(cls, header: str, host: str) -> RankTable:
         """The table of this launcher, in a checked private directory, whose stale files
         (launchers no longer running) are removed first. Raises OSError."""
-        folder = _private_dir()
+        folder = private_dir()
         for old in _tables(folder, alive=False):
             with suppress(FileNotFoundError):  # another launcher removed it meanwhile
                 old.unlink()
