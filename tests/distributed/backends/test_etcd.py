@@ -70,7 +70,9 @@ def test_a_leased_key_vanishes_when_its_lease_is_not_kept_alive_and_a_watch_sees
     seen = []
     deadline = time.monotonic() + timing.guard(20)
     while not seen and time.monotonic() < deadline:
-        seen = [e for e in store.watch("alive/", revision + 1, 5.0) if e.kind == "DELETE"][:1]
+        events = list(store.watch("alive/", revision + 1, 5.0))
+        assert events[0].kind == "CREATED"
+        seen = [e for e in events if e.kind == "DELETE"][:1]
     assert seen and seen[0].key == "alive/1"
     assert store.listing("alive/")[0] == {}
     assert store.keepalive(lease) == 0  # expired

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -70,8 +71,9 @@ def failure(err: BaseException) -> Literal["gone", "timeout"] | None:
 
 @dataclass(frozen=True)
 class Event:
-    """One change a watch saw: ``kind`` "PUT" or "DELETE", the key (without the store's
-    prefix), its new value (b"" for a delete), and the revision of the change."""
+    """One change a watch saw: ``kind`` "PUT", "DELETE" (or "CREATED": the watch began), the
+    key (without the store's prefix), its new value (b"" for a delete), and the revision of
+    the change."""
 
     kind: str
     key: str
@@ -208,8 +210,9 @@ class Etcd:
                 if left <= 0:
                     raise EtcdFailed(f"wait timeout after {(wait_s or self.wait_s):g} s, "
                                      f"keys: {key}", "timeout")
-                for _ in self.watch(key, revision + 1, min(left, 5.0), exact=True):
-                    break
+                for event in self.watch(key, revision + 1, min(left, 5.0), exact=True):
+                    if event.kind != "CREATED":
+                        break
         return values
 
     def add(self, key: str, amount: int) -> int:
@@ -296,8 +299,10 @@ class Etcd:
               ) -> Iterator[Event]:
         """The changes of the keys under this store's prefix + ``key`` (just that key with
         ``exact``) from ``start_revision`` on, as they come; the iteration ends when
-        ``read_s`` pass without one (watch again from the last revision seen + 1).
-        EtcdFailed when the stream cannot be opened or breaks."""
+        ``read_s`` pass without one (watch again from the last revision seen + 1). The first
+        event is a "CREATED" one: the store's revision as the watch began (nothing before it
+        is missed by a watch from there). EtcdFailed when the stream cannot be opened, breaks,
+        or is cancelled (its start was compacted away: read the state afresh)."""
         import requests
 
         whole = self.prefix + key
@@ -317,11 +322,15 @@ class Etcd:
             for line in response.iter_lines():
                 if not line.strip():
                     continue
-                result = json.loads(line).get("result", {})
-                if "error" in json.loads(line):
-                    raise EtcdFailed(f"watch: {json.loads(line)['error']}")
+                chunk = json.loads(line)
+                if "error" in chunk:
+                    raise EtcdFailed(f"watch: {chunk['error']}")
+                result = chunk.get("result", {})
                 if result.get("canceled"):
-                    raise EtcdFailed(f"watch canceled: {result.get('cancel_reason', '')}")
+                    raise EtcdFailed(f"watch canceled: {result.get('cancel_reason', '')}"
+                                     f"{' (compacted)' if result.get('compact_revision') else ''}")
+                if result.get("created"):
+                    yield Event("CREATED", "", b"", int(result["header"]["revision"]))
                 for change in result.get("events") or []:
                     kv = change["kv"]
                     yield Event(change.get("type", "PUT"), _unb64(kv["key"]).decode()[cut:],
@@ -373,6 +382,21 @@ def health(endpoint: str, timeout_s: float) -> str | None:
     return None if ok else "no leader"
 
 
+def _errno_words(err: BaseException) -> str | None:
+    """The operating system's words for the first errno in ``err``'s chain of causes
+    ("Connection refused" for ECONNREFUSED), None when there is none: requests wraps the
+    socket's OSError two or three levels deep."""
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno:
+            return os.strerror(seen.errno)
+        inner = seen.args[0] if seen.args and isinstance(seen.args[0], BaseException) else None
+        seen = seen.__cause__ or seen.__context__ or inner or getattr(seen, "reason", None)
+    return None
+
+
 def _words(err: BaseException) -> str:
     """A client error in a few words: the errno's text when there is one ("Connection
     refused"), etcd's own message ("etcdserver: no leader"), else the first line."""
@@ -383,10 +407,11 @@ def _words(err: BaseException) -> str:
             text = json.loads(detail).get("message", detail)
         except ValueError:
             text = detail
-    for words in ("Connection refused", "No route to host", "Network is unreachable",
-                  "timed out", "Connection reset by peer"):
-        if words in text:
-            return words
+    errno_words = _errno_words(err)
+    if errno_words:
+        return errno_words
+    if "timed out" in text:
+        return "timed out"
     return text.strip().splitlines()[0][:200] if text.strip() else type(err).__name__
 
 
