@@ -7,7 +7,8 @@ Rank 5 SIGKILLs itself at step 4. The survivors agree it is lost, drop its "dp" 
 4-7) and train on (1, 4); ranks 4, 6, 7 wait as spares. tensorplay-run restarts rank 5; once it
 and the spares wait, the members' next ``mesh.grow()`` returns the (2, 4) mesh and
 ``sync_replicas`` copies the weights to the fresh ranks along "dp". Each step's batch is the
-same whatever the mesh (split over the "dp" rows there are), and a step that failed is done
+same whatever the mesh (split over the "dp" rows there are, each row's gradient weighed by its
+share of the batch), and a step that failed is done
 again from the weights before it, so at the end the weights must equal a single-process run on
 the same batches (within 1e-6): nothing lost, nothing counted twice. Exits 1 if they differ.
 Every step prints the mesh it ran on and the wall time ``t=`` (from the member at coordinate
@@ -18,7 +19,8 @@ itself: hung; tensorplay-run kills it after --node-grace-s), ``--stall RANK@STEP
 (it sleeps, and comes back after the others went on: a straggler of the old epoch),
 ``--die-in-recovery RANK`` (it SIGKILLs itself as it starts a recovery), ``--wait-full-s
 SECONDS`` (after the last step, members on a shrunk mesh wait that long for it to be whole
-again: a host started again joins before the end).
+again: a host started again joins before the end). The mesh is (WORLD_SIZE / 4, 4): three
+hosts of 4 ranks train on (3, 4).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import sys
 import time
 
 import torch
-from mlp_problem import LR, MESH_NAMES, MESH_SHAPE, batch, weights
+from mlp_problem import BATCH, LR, MESH_NAMES, MESH_SHAPE, batch, weights
 from train_dp_tp import backward
 
 import tensorplay.distributed as dist
@@ -95,10 +97,11 @@ def train_step(mesh, w1, w2, step: int, midway=None) -> float:
     if midway is not None:
         midway()
     dw1, dw2 = backward(x, z, h, y, target, w2)
-    dist.all_reduce(dw1, op=dist.ReduceOp.AVG, group=mesh.get_group("dp"))
-    dist.all_reduce(dw2, op=dist.ReduceOp.AVG, group=mesh.get_group("dp"))
     loss = ((y - target) ** 2).mean().reshape(1)
-    dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=mesh.get_group("dp"))
+    share = x.shape[0] * dp_size / BATCH  # rows split unevenly (16 over 3: 6, 6, 4) weigh
+    for t in (dw1, dw2, loss):  # by their rows, so the average is the whole batch's mean
+        t *= share
+        dist.all_reduce(t, op=dist.ReduceOp.AVG, group=mesh.get_group("dp"))
     w1 -= LR * dw1  # only once every reduction of the step went through
     w2 -= LR * dw2
     return loss.item()
@@ -154,13 +157,20 @@ def check(mesh, w1, w2, steps: int, say) -> bool:
     return bool(diff.item() <= TOLERANCE)
 
 
+def full_shape() -> tuple[int, int]:
+    """The mesh at full size: 4 ranks per "tp" row, as many "dp" rows as the world holds
+    ((2, 4) for 8 ranks, (3, 4) for 12: three hosts of 4)."""
+    tp = MESH_SHAPE[1]
+    return int(os.environ.get("WORLD_SIZE", tp * MESH_SHAPE[0])) // tp, tp
+
+
 def waits_for_full(mesh, a: argparse.Namespace, done_at: float) -> bool:
     """Whether a member that did every step (at ``done_at``) still waits for the mesh to grow
     back: the mesh is short of slices and --wait-full-s has not run out. Agreed over the mesh
     (one all_reduce per dim per poll), so every member stops waiting at the same poll."""
     if a.wait_full_s <= 0:
         return False
-    short = torch.tensor([int(mesh.size("dp") < MESH_SHAPE[0]
+    short = torch.tensor([int(mesh.size("dp") < full_shape()[0]
                               and time.time() - done_at < a.wait_full_s)])
     for dim in MESH_NAMES:
         dist.all_reduce(short, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
@@ -173,7 +183,7 @@ def main() -> int:
     began = time.time()
     dist.init_process_group()
     rank, first_run = dist.get_rank(), os.environ.get("TENSORPLAY_RESTART_COUNT", "0") == "0"
-    mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=MESH_NAMES, elastic="dp",
+    mesh = init_device_mesh("cpu", full_shape(), mesh_dim_names=MESH_NAMES, elastic="dp",
                             elastic_min=a.min_replicas)
 
     def say(text: str, everyone: bool = False) -> None:

@@ -169,7 +169,7 @@ def test_the_launcher_reaches_an_engine_only_through_its_store():
     reach = {m: t for m, t in reach.items() if t}
     assert reach.pop("launcher.store") == ["backends.torch_store"]
     assert {m for m, t in reach.items() if t != ["backends.etcd"]} == set(), reach
-    assert {_short(m) for m in reach} <= {"launcher.etcd_members", "launcher.etcd_nodes",
-                                          "launcher.liveness"}
+    assert set(reach) <= {"launcher.etcd_members", "launcher.etcd_nodes", "launcher.liveness",
+                          "launcher.options"}  # options: is the client installed
     assert graph[f"{PACKAGE}.backends.etcd"] == set()
     assert graph[f"{PACKAGE}.launcher.rank_main"] == set()  # loaded by path in each rank

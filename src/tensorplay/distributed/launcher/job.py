@@ -196,17 +196,18 @@ class Job:
         self.ends[rank] = RankEnd(rank)
         local = rank - self.spec.node_rank * self.spec.nproc_per_node
         instance = "" if self.nodes is None else f"{self.nodes.index}.{self.nodes.claim}"
+        store_url = "" if self.nodes is None else self.nodes.rank_store
         proc: Proc | None = None
         if self.warm is not None:
             try:
                 proc = start_rank(self.spec, local, self.out, self.events, self.threads,
-                                  restart, self.warm, instance)
+                                  restart, self.warm, instance, store_url)
             except OSError as err:
                 self.out.say(f"warm start off: {err}; starting ranks as fresh interpreters.")
                 self.warm = None
         if proc is None:
             proc = start_rank(self.spec, local, self.out, self.events, self.threads, restart,
-                              instance=instance)
+                              instance=instance, store_url=store_url)
         self.procs[rank] = proc
         self.write_table()
 

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 from ..errors import format_ranks
 from . import keys as _keys
+from . import store
 from .heartbeat import ACK_S
 from .links import Link, Links
 from .roster import Node, NodeChange, NodeFlags, Roster
-from .store import CALL_S, POLL_S, Client, StoreGone, bounded, connect
+from .store import CALL_S, POLL_S, Client, StoreGone, bounded
 from .verdicts import Verdicts
 
 
@@ -42,32 +43,41 @@ class Joined:
 
     client: Client  # the main thread's client of the job's store
     claim: int  # this launcher's claim of its node index (2: it replaced a lost launcher)
-    links: Links | None  # node 0: a connection per launcher (None: no second port)
-    link: Link | None  # nodes 1..: the connection node 0 watches (None: none could be made)
+    links: Links | None  # node 0 (under etcd: a store member): a connection per launcher
+    # (None: no second port, or not a watcher)
+    held: list[Link]  # the connections the watchers read (node 0's; under etcd each member's)
 
 
 def join(flags: NodeFlags, roster: Roster, verdicts: Verdicts, deadline: float,
-         open_links: Callable[[], Links]) -> Joined:
+         open_links: Callable[[], Links], connect: Callable[[float], Client] | None = None,
+         on_claim: Callable[[Client, int], None] = lambda client, claim: None) -> Joined:
     """Claim this node, wait for all of them and check they agree, by ``deadline``; fills
-    ``roster.nodes``. JoinError when they do not (see the module)."""
+    ``roster.nodes``. JoinError when they do not (see the module). ``connect(deadline)``: a
+    client of the job's store (default: node 0's TCPStore at --master-addr:--master-port);
+    ``on_claim(client, claim)`` runs as soon as this launcher holds its claim (under etcd: its
+    lease, so the others see it live before they see it back)."""
+    where = f"{flags.addr}:{flags.port}"
     try:
-        client = connect(flags.addr, flags.port, deadline, CALL_S)
+        client = (connect or (lambda d: store.connect(flags.addr, flags.port, d, CALL_S)))(
+            deadline)
     except StoreGone as err:
+        whose = "the job's store" if flags.equal else "node 0 (the job's store"
         raise JoinError(
-            f"node 0 (the job's store at {flags.addr}:{flags.port}) never answered within "
+            f"{whose} at {where}{'' if flags.equal else ')'} never answered within "
             f"{flags.join_timeout_s:g} s ({err}). Fix: start tensorplay-run with --node-rank 0 "
             f"on the machine that has address {flags.addr}, and check that this machine reaches "
             f"it (firewall, --master-addr, --master-port)"
         ) from None
-    meeting = _Meeting(flags, roster, verdicts, client, deadline)
+    meeting = _Meeting(flags, roster, verdicts, client, deadline, on_claim)
     try:
         return meeting.meet(open_links)
     except JoinError:
         meeting.part()
         raise
     except StoreGone as err:
-        raise JoinError(f"node 0 (the job's store at {flags.addr}:{flags.port}) went away "
-                        f"while the nodes met ({err}); its launcher says why") from None
+        whose = "the job's store" if flags.equal else "node 0 (the job's store"
+        raise JoinError(f"{whose} at {where}{'' if flags.equal else ')'} went away while the "
+                        f"nodes met ({err}); its launcher says why") from None
 
 
 class _Meeting:
@@ -75,36 +85,42 @@ class _Meeting:
     timeout: what is left of --join-timeout-s)."""
 
     def __init__(self, flags: NodeFlags, roster: Roster, verdicts: Verdicts, client: Client,
-                 deadline: float):
+                 deadline: float, on_claim: Callable[[Client, int], None]):
         self.flags, self.roster, self.verdicts = flags, roster, verdicts
-        self.client, self.deadline = client, deadline
+        self.client, self.deadline, self.on_claim = client, deadline, on_claim
         self.claim = 1
 
     def meet(self, open_links: Callable[[], Links]) -> Joined:
         f, client = self.flags, self.client
-        me = Node(f.index, f.host, f.nproc, f.nnodes)
+        me = Node(f.index, f.host, f.nproc, f.nnodes, f.own_addr)
         self.claim = client.add(_keys.NODE_CLAIM.format(node=f.index), 1)
         client.set(_keys.NODE_INFO.format(node=f.index, claim=self.claim), me.dumps())
+        if client.check([_keys.JOB_ENDED]):
+            raise JoinError("the job's store already holds a job that ended (its keys are "
+                            "there). Fix: pass a --job-id of its own to every launcher of "
+                            "this job (e.g. --job-id $SLURM_JOB_ID)")
+        self.on_claim(client, self.claim)
         if self.claim > 1:
             first = self._read_node(f.index)
             text = (f"node {f.index} was claimed twice (--node-rank {f.index} on {first.host} "
                     f"and on {f.host}). Fix: give each machine its own --node-rank in "
                     f"0..{f.nnodes - 1}")
             if client.check([_keys.NODES_STARTED]):  # too late to stop the others
-                if f.elastic and f.index != 0:
+                if f.elastic and (f.index != 0 or f.equal):
                     self._take_back(me)
-                    return Joined(client, self.claim, None, self._hold_link())
+                    return Joined(client, self.claim, None, self._hold_links())
                 raise JoinError(text + "; the job already runs without this launcher")
             raise JoinError(self.verdicts.post(client, "join", text).text)
         self._await_all()
         self._check_agree()
         links = None
-        if f.index == 0:
+        if self._watches_links(f.index):
             with suppress(OSError):  # no second port: the heartbeat alone judges the nodes
                 links = open_links()
-            client.set(_keys.NODE_LINKS, str(links.port if links else ""))
-        client.set(_keys.NODES_STARTED, "1")
-        return Joined(client, self.claim, links, self._hold_link())
+            client.set(self._links_key(f.index), str(links.port if links else ""))
+        if f.index == 0:
+            client.set(_keys.NODES_STARTED, "1")
+        return Joined(client, self.claim, links, self._hold_links())
 
     def part(self) -> None:
         """The join failed: say this launcher read why; node 0 keeps the store up until every
@@ -122,23 +138,42 @@ class _Meeting:
                     return
                 time.sleep(POLL_S)
 
-    def _hold_link(self) -> Link | None:
-        """Nodes 1..: open the connection node 0 watches (best effort: without it the
-        heartbeat alone judges this node)."""
+    def _watches_links(self, node: int) -> bool:
+        """Whether ``node``'s launcher holds a connection per launcher: node 0, or under etcd
+        each launcher that runs a store member."""
+        return node < self.flags.members if self.flags.equal else node == 0
+
+    def _links_key(self, node: int) -> str:
+        return _keys.NODE_LINKS_OF.format(node=node) if self.flags.equal else _keys.NODE_LINKS
+
+    def _hold_links(self) -> list[Link]:
+        """Open the connections the launchers that watch links read (node 0's; under etcd
+        each store member's but this one's): best effort, without one the heartbeat alone
+        judges this node."""
         f = self.flags
-        if f.index == 0:
-            return None
+        watchers = [k for k in range(f.nnodes) if k != f.index and self._watches_links(k)]
+        links = []
+        for k in watchers:
+            addr = (self.roster.node(k).addr or f.addr) if f.equal else f.addr
+            link = self._hold_link(k, addr)
+            if link is not None:
+                links.append(link)
+        return links
+
+    def _hold_link(self, node: int, addr: str) -> Link | None:
+        f = self.flags
+        key = self._links_key(node)
         try:
-            while not self.client.check([_keys.NODE_LINKS]):  # node 0 posts it ("": none)
-                if time.monotonic() >= self.deadline:
+            while not self.client.check([key]):  # its launcher posts it ("": none)
+                if time.monotonic() >= self.deadline or node in self.roster.lost:
                     return None
                 time.sleep(POLL_S)
-            port = self.client.get(_keys.NODE_LINKS)
+            port = self.client.get(key)
             if not port:
                 return None
-            return Link(f.addr, int(port), f.index, self.claim,
+            return Link(addr, int(port), f.index, self.claim,
                         max(self.deadline - time.monotonic(), CALL_S))
-        except (StoreGone, OSError):  # the store, or node 0's link port, went away meanwhile
+        except (StoreGone, OSError):  # the store, or that launcher's link port, went away
             return None
 
     def _take_back(self, me: Node) -> None:

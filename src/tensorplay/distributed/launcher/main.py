@@ -22,9 +22,10 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import replace
 
 from ..errors import ArgumentError, bad_argument, rank_words
-from ..host import knobs
+from ..host import knobs, netif
 from . import handoff, rank_table, store
 from .events import Events, Signal, Verdict
 from .job import Job, policy_for
@@ -59,11 +60,29 @@ def _signals_to(events: Events) -> Iterator[None]:
 
 
 def _nodes(spec: LaunchSpec) -> JobNodes:
-    return JobNodes(NodeFlags(nnodes=spec.nnodes, index=spec.node_rank,
-                              nproc=spec.nproc_per_node, host=knobs.hostname(),
-                              addr=spec.master_addr, port=spec.master_port,
-                              grace_s=spec.node_grace_s, join_timeout_s=spec.join_timeout_s,
-                              elastic=spec.elastic))
+    flags = NodeFlags(nnodes=spec.nnodes, index=spec.node_rank, nproc=spec.nproc_per_node,
+                      host=knobs.hostname(), addr=spec.master_addr, port=spec.master_port,
+                      grace_s=spec.node_grace_s, join_timeout_s=spec.join_timeout_s,
+                      elastic=spec.elastic)
+    if spec.store == "tcp":
+        return JobNodes(flags)
+    from .etcd_nodes import EtcdNodes
+
+    route = netif.route_to(spec.master_addr)
+    own = spec.master_addr if netif.is_local(spec.master_addr) or route is None \
+        else route.address
+    flags = replace(flags, store="etcd", own_addr=own, members=spec.store_replicas,
+                    job_id=spec.job_id)
+    return EtcdNodes(flags, spec.store_endpoints, spec.job_id)
+
+
+def _store_note(spec: LaunchSpec) -> str | None:
+    """What node 0 says at start of a store that survives no loss of a member."""
+    if spec.store != "etcd" or spec.store_endpoints or spec.node_rank != 0:
+        return None
+    from .etcd_nodes import majority_note
+
+    return majority_note(spec.store_replicas)
 
 
 def launch(spec: LaunchSpec) -> int:
@@ -77,17 +96,20 @@ def launch(spec: LaunchSpec) -> int:
     if spec.serve_store and "TORCH_CPP_LOG_LEVEL" not in os.environ:
         os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"  # torch logs each failed connect with a
         # C++ stack trace: noise in a launcher, which says itself what failed
-    nodes = _nodes(spec) if spec.serve_store else None
+    joins = spec.nnodes > 1 or spec.store != "tcp"  # meets the other nodes in the store
+    nodes = _nodes(spec) if spec.serve_store or spec.store != "tcp" else None
+    if (note := _store_note(spec)) is not None:
+        out.say(f"{note}.")
     if nodes is not None and spec.wants_warm():
         store.preload()  # meanwhile the warm process imports torch too (store.preload says why)
     warm = _warm(spec, out)
     table = _table(spec, out)
-    job = Job(spec, out, nodes if spec.nnodes > 1 else None, warm, table)
+    job = Job(spec, out, nodes if joins else None, warm, table)
     policy = policy_for(spec)
     serving: threading.Thread | None = None
     with _signals_to(job.events):
         try:
-            if nodes is not None and spec.nnodes > 1:
+            if nodes is not None and joins:
                 try:
                     nodes.join()
                 except JoinError as err:
@@ -126,6 +148,8 @@ def launch(spec: LaunchSpec) -> int:
                 serving.join()
             if nodes is not None:
                 nodes.close()
+                if (left := getattr(nodes, "left_behind", None)) is not None:
+                    out.say(f"{left}.")
             if spec.workdir is not None:
                 shutil.rmtree(spec.workdir, ignore_errors=True)
             if table is not None:
@@ -185,9 +209,11 @@ def _leave(job: Job, code: int) -> int:
     every node is done. A node lost after our ranks succeeded fails the job."""
     nodes = job.nodes
     assert nodes is not None
-    if job.spec.node_rank != 0:
+    if not nodes.keeps_store_up():
         nodes.beat_done()
         return code
+    if nodes.flags.equal:  # a store member: say it is done too (the other members wait for it)
+        nodes.beat_done()
     signals: list[int] = []
 
     def interrupted() -> bool:  # SIGINT/SIGTERM while node 0 serves the others' store

@@ -38,6 +38,7 @@ from . import bugs, store
 from .heartbeat import Heartbeat
 from .join import JoinError, join
 from .links import Link, Links
+from .liveness import Liveness
 from .roster import Node, NodeChange, NodeFlags, Roster
 from .store import CALL_S, Client, LauncherStore, StoreGone
 from .verdicts import Verdict, Verdicts
@@ -52,11 +53,13 @@ class JobNodes:
         self.index = flags.index
         self.roster = Roster(flags.nnodes, flags.nproc)
         self.verdicts = Verdicts(flags.index)
-        self.heartbeat = Heartbeat(flags, self.roster, self.verdicts, self._connect, self._fail)
+        self.heartbeat: Heartbeat | Liveness = Heartbeat(flags, self.roster, self.verdicts,
+                                                         self._connect, self._fail)
         self.claim = 1  # this launcher's claim of its node index (2: it replaced a lost one)
         self.client: Client | None = None  # the main thread's client, once joined
         self.links: Links | None = None  # node 0: a connection per launcher
-        self.link: Link | None = None  # other nodes: the connection to node 0
+        self.held: list[Link] = []  # the connections node 0 (under etcd, each store member)
+        # watches
         self.server: LauncherStore | None = None  # node 0: the store's server (lives as long
         # as the launcher)
         self._wake = os.pipe()  # serve_when_asked waits on it too
@@ -115,8 +118,8 @@ class JobNodes:
         if self.index == 0 and self.server is None:
             self.serve()
         joined = join(self.flags, self.roster, self.verdicts, deadline, self._open_links)
-        self.client, self.claim, self.links, self.link = (joined.client, joined.claim,
-                                                          joined.links, joined.link)
+        self.client, self.claim, self.links, self.held = (joined.client, joined.claim,
+                                                          joined.links, joined.held)
 
     def _open_links(self) -> Links:
         return Links(self.flags.addr, self.heartbeat.launcher_gone, self._fail)
@@ -139,10 +142,21 @@ class JobNodes:
             return self.verdicts.verdict
         return self.verdicts.await_verdict(self.client, within_s)
 
+    @property
+    def rank_store(self) -> str:
+        """What the ranks get in ``TENSORPLAY_RUN_STORE`` ("": they are clients of node 0's
+        store, torchrun's way)."""
+        return ""
+
+    def keeps_store_up(self) -> bool:
+        """Whether this launcher serves the store the others use, and so waits for them at
+        the end (node 0)."""
+        return self.index == 0
+
     def beat_done(self) -> None:
         """This launcher is ending: say so (node 0 then stops watching it and may close)."""
-        if self.link is not None:
-            self.link.bye()
+        for link in self.held:
+            link.bye()
         if self.index != 0 and self.client is not None:
             self.heartbeat.done(self.client)
 
@@ -157,8 +171,8 @@ class JobNodes:
         self.heartbeat.stop()
         if self.links is not None:
             self.links.close()
-        if self.link is not None:
-            self.link.close()
+        for link in self.held:
+            link.close()
         self.client = self.server = None
         for fd in self._wake:
             with suppress(OSError):

@@ -92,6 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     opt("settle-s", type=float, default=SETTLE_S,
         help="after the first failure, seconds the other ranks get to end on their own before "
              "they are stopped, so that ranks failing alike are all seen (default 1)")
+    opt("store", default="tcp", metavar="tcp|etcd|etcd://H:P,...",
+        help="the job's store: 'tcp' (default: node 0's launcher serves torch's TCPStore, "
+             "which dies with node 0), 'etcd' (the first --store-replicas nodes' launchers run "
+             "an etcd cluster: every host equal, node 0 may be lost too) or 'etcd://h1:2379,"
+             "h2:2379' (an etcd cluster you run). Needs pip install -e \".[ha]\"")
+    opt("store-replicas", type=int, default=None, metavar="N",
+        help="--store etcd: how many nodes run an etcd member (odd; default 3, or 1 below 3 "
+             "nodes); the store survives the loss of (N-1)/2 of them")
+    opt("job-id", default="default",
+        help="--store etcd://...: the job's name in your cluster (its keys are under "
+             "jobs/<ID>/); a job of an ID that ended is refused, so give each run its own "
+             "(e.g. $SLURM_JOB_ID)")
     opt("no-warm", action="store_true",
         help="start each rank as a fresh interpreter (also: TENSORPLAY_NO_WARM=1); default: "
              "fork each rank from one warm process that imported torch once")
@@ -151,6 +163,7 @@ def check_args(a: argparse.Namespace) -> None:
         raise bad_argument("--max-restarts", a.max_restarts, "must be >= 0",
                            "pass how often one rank may be restarted, e.g. 1 (0: never, but "
                            "the others still go on without it)")
+    check_store(a)
     if not a.module and not Path(a.script).is_file():
         raise bad_argument("script", a.script, "no such file",
                            "check the path, or use -m package.module to run a module")
@@ -176,3 +189,43 @@ def check_port_free(host: str, port: int) -> None:
                     f"rank 0 must serve the rendezvous store",
                     "pick another --master-port, or omit it on one node to get a free one",
                 ) from None
+
+
+def store_endpoints(value: str) -> list[str]:
+    """``etcd://h1:2379,h2:2379`` -> ["h1:2379", "h2:2379"] (ArgumentError when malformed)."""
+    fix = "pass --store etcd://HOST:PORT[,HOST:PORT...], e.g. etcd://10.0.0.5:2379"
+    endpoints = [e.strip() for e in value[len("etcd://"):].rstrip("/").split(",")]
+    for e in endpoints:
+        host, _, port = e.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise bad_argument("--store", value, f"{e!r} is not HOST:PORT", fix)
+    return endpoints
+
+
+def check_store(a: argparse.Namespace) -> None:
+    """--store, --store-replicas and --job-id: a known store, an odd count of members that
+    the job's nodes can hold, and the etcd client installed (before any rank starts)."""
+    if a.store not in ("tcp", "etcd") and not a.store.startswith("etcd://"):
+        raise bad_argument("--store", a.store, "is not a store", "pass tcp, etcd or "
+                           "etcd://HOST:PORT,...")
+    if a.store.startswith("etcd://"):
+        store_endpoints(a.store)
+        if a.store_replicas is not None:
+            raise bad_argument("--store-replicas", a.store_replicas, "is for the cluster the "
+                               "launchers run (--store etcd), not for yours (--store etcd://)",
+                               "leave it out")
+    if a.store_replicas is not None:
+        if a.store != "etcd":
+            raise bad_argument("--store-replicas", a.store_replicas, "needs --store etcd",
+                               "pass --store etcd too, or leave it out")
+        if not 1 <= a.store_replicas <= a.nnodes or a.store_replicas % 2 == 0:
+            raise bad_argument("--store-replicas", a.store_replicas,
+                               f"must be odd and in 1..{a.nnodes} (--nnodes)",
+                               "pass 3 (survives one member lost) or 5 (two)")
+    if a.store != "tcp":
+        from ..backends import etcd
+
+        missing = etcd.missing_client()
+        if missing is not None:
+            raise bad_argument("--store", a.store, missing.split(". Fix: ")[0],
+                               f"{etcd.INSTALL.split(' (')[0]}")

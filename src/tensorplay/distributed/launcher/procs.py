@@ -40,7 +40,7 @@ def _reap(proc: Proc, rank: int, events: Events) -> None:
 
 def start_rank(spec: LaunchSpec, local_rank: int, out: Output, events: Events,
                threads: Threads, restart: int = 0, warm: Warm | None = None,
-               instance: str = "") -> Proc:
+               instance: str = "", store_url: str = "") -> Proc:
     """Start one rank in its own process group, with its report pipe, two readers and a waiter:
     forked by the ``warm`` server when there is one, else a fresh interpreter (Popen).
 
@@ -48,7 +48,7 @@ def start_rank(spec: LaunchSpec, local_rank: int, out: Output, events: Events,
     thread that supervises the job (it lives as long as the launcher).
     """
     rank = spec.global_rank(local_rank)
-    env = spec.rank_env(local_rank, restart, instance)
+    env = spec.rank_env(local_rank, restart, instance, store_url)
     report_r, report_w = os.pipe()
     proc: Proc
     try:

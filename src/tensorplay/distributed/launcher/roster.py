@@ -14,6 +14,7 @@ beat: ``live == {0: 1, 1: 2}``, ``lost == set()``, and the beat key of node 1 is
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 from ..errors import format_ranks
@@ -33,7 +34,17 @@ class NodeFlags:
     port: int  # --master-port
     grace_s: float  # --node-grace-s
     join_timeout_s: float  # --join-timeout-s
-    elastic: bool  # --max-restarts: a node other than 0 may be lost and replaced
+    elastic: bool  # --max-restarts: a node may be lost and replaced (node 0 too under etcd)
+    store: str = "tcp"  # "tcp": node 0's launcher serves the store; "etcd": every host equal
+    own_addr: str = ""  # this launcher's job address (where its etcd member and links listen)
+    members: int = 0  # under etcd: the store's members the launchers run (nodes 0..members-1;
+    # 0: the user's own cluster)
+    job_id: str = "default"  # --job-id: names the members' data and the user's cluster's keys
+
+    @property
+    def equal(self) -> bool:
+        """Every host equal (the store on etcd): node 0 may be lost and taken back too."""
+        return self.store == "etcd"
 
 
 @dataclass
@@ -44,6 +55,7 @@ class Node(Posted):
     host: str
     nproc: int
     nnodes: int
+    addr: str = ""  # its job address (under etcd: where a store member's links listen)
 
     def rank_list(self) -> list[int]:
         """Node 1 of 4 ranks each: [4, 5, 6, 7]."""
@@ -129,12 +141,18 @@ class Roster:
             return True
 
     def lose(self, node: int, claim: int, why: str, client: Client) -> NodeChange | None:
-        """Node 0, elastic mode: post that ``node`` (its ``claim``-th launcher) is lost, once;
-        every launcher reads it, and the job goes on without the node's ranks. The change,
-        or None when that launcher was already lost or replaced."""
+        """Elastic mode: post that ``node`` (its ``claim``-th launcher) is lost, once (node 0
+        judges; under etcd any launcher that saw it, and ``compare_set`` on ``keys.NODE_LOST``
+        lets one post); every launcher reads it, and the job goes on without the node's ranks.
+        The change, or None when that launcher was already lost or replaced, or another
+        launcher posts it."""
         with self._lock:
             if node in self.lost or self.live.get(node) != claim:
                 return None
+        token = f"{threading.get_ident()}.{time.monotonic_ns()}"
+        if client.compare_set(keys.NODE_LOST.format(node=node, claim=claim), "", token
+                              ) != token.encode():
+            return None  # another launcher (or thread) posts it: its news reaches us
         name = self.node(node)
         change = NodeChange("lost", node, claim, name.host, name.rank_list(),
                             f"{name.name()} is lost: {why}")

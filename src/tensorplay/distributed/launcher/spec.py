@@ -40,6 +40,7 @@ from .options import (
     check_port_free,
     free_port,
     parse_rank_list,
+    store_endpoints,
 )
 
 
@@ -66,6 +67,10 @@ class LaunchSpec:
     serve_store: bool  # this launcher can serve the job's store (node 0 does; loaded lazily)
     base_env: Mapping[str, str]  # the launcher's environment at start: what the ranks inherit
     workdir: str | None  # several nodes: a private directory (made at launch) for the verdict
+    store: str = "tcp"  # "tcp" (node 0's TCPStore) or "etcd" (--store etcd, or etcd://...)
+    store_endpoints: tuple[str, ...] = ()  # --store etcd://...: the user's cluster
+    store_replicas: int = 0  # --store etcd: how many nodes run a member (0: not ours)
+    job_id: str = "default"  # --job-id: the job's name in the user's cluster
     warm: bool = True  # fork the ranks from one warm process (not --no-warm/TENSORPLAY_NO_WARM)
     preload: tuple[str, ...] = ()  # --preload: modules the warm process imports too
 
@@ -97,13 +102,18 @@ class LaunchSpec:
     def global_rank(self, local_rank: int) -> int:
         return self.node_rank * self.nproc_per_node + local_rank
 
-    def rank_env(self, local_rank: int, restart: int = 0, instance: str = "") -> dict[str, str]:
+    def rank_env(self, local_rank: int, restart: int = 0, instance: str = "",
+                 store_url: str = "") -> dict[str, str]:
         """The environment of one rank (``restart``: the times it was restarted before;
-        ``instance``: this launcher's ``"<node>.<claim>"``, once it joined the other nodes)."""
+        ``instance``: this launcher's ``"<node>.<claim>"``, once it joined the other nodes;
+        ``store_url``: under etcd, the job's store for the ranks, ``wire.STORE``)."""
         env = child_env(self.base_env, rank=self.global_rank(local_rank), local_rank=local_rank,
                         world_size=self.world_size, local_world_size=self.nproc_per_node,
                         node_rank=self.node_rank, master_addr=self.master_addr,
-                        master_port=self.master_port, agent_store=self.serve_store)
+                        master_port=self.master_port,
+                        agent_store=self.serve_store and self.store == "tcp")
+        if store_url:
+            env[wire.STORE] = store_url
         if self.hang_timeout_s is not None:
             env[rank_main.BEAT_S] = "1"
         if restart:  # elastic mode: this rank joins a running job's elastic mesh
@@ -168,13 +178,21 @@ def from_args(a: argparse.Namespace) -> LaunchSpec:
     elif a.node_rank == 0:  # rank 0, which serves the store, runs here
         check_port_free(master_addr, master_port)
     serve_store = store.can_serve()
-    if a.max_restarts is not None and not serve_store:
+    replicas = 0
+    if a.store == "etcd":
+        from .etcd_nodes import replicas_for
+
+        replicas = replicas_for(a.nnodes, a.store_replicas)
+        if a.node_rank < replicas:
+            _check_etcd_binary()
+    if a.max_restarts is not None and not serve_store and a.store == "tcp":
         raise bad_argument("--max-restarts", a.max_restarts, "needs the launcher to serve the "
                            "job's store (it outlives any rank), which needs torch in the "
                            f"launcher's Python ({sys.executable})", "install torch there, or "
                            "leave out --max-restarts")
     workdir = None
-    if a.nnodes > 1:  # named now, made at launch (mode 0o700, never one that exists)
+    if a.nnodes > 1 or a.store != "tcp":  # named now, made at launch (mode 0o700, never one
+        # that exists)
         workdir = os.path.join(tempfile.gettempdir(), f"{PROG}-{secrets.token_hex(8)}")
     return LaunchSpec(
         nproc_per_node=a.nproc_per_node, nnodes=a.nnodes, node_rank=a.node_rank,
@@ -184,8 +202,23 @@ def from_args(a: argparse.Namespace) -> LaunchSpec:
         max_restarts=a.max_restarts, settle_s=a.settle_s, module=a.module, script=a.script,
         script_args=tuple(a.script_args), serve_store=serve_store,
         base_env=MappingProxyType(dict(os.environ)), workdir=workdir,
+        store="tcp" if a.store == "tcp" else "etcd",
+        store_endpoints=tuple(store_endpoints(a.store)) if a.store.startswith("etcd://") else (),
+        store_replicas=replicas, job_id=a.job_id,
         warm=not a.no_warm and os.environ.get(NO_WARM_ENV, "").strip() in ("", "0"),
         preload=tuple(a.preload))
+
+
+def _check_etcd_binary() -> None:
+    """A node that runs a store member needs etcd's server: a usage error naming what to
+    install, before any rank starts."""
+    from .etcd_members import MembersError, find_binary
+
+    try:
+        find_binary()
+    except MembersError as err:
+        raise bad_argument("--store", "etcd", str(err).rstrip("."), "install it as said "
+                           "above") from None
 
 
 def child_env(

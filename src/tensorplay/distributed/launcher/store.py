@@ -106,7 +106,7 @@ def said(err: BaseException) -> str:
 Failure = Callable[[BaseException], "str | None"]  # a store's reader of its own errors
 
 
-def _call(failure: Failure, verb: Callable[..., T], *args: Any) -> T:
+def call(failure: Failure, verb: Callable[..., T], *args: Any) -> T:
     """``verb(*args)`` on the store; what its implementation's reader of errors
     (``failure``: ``torch_store.failure`` for torch's store, the torch engine's reader too)
     calls a failure, gone or a wait ran out, is a ``StoreGone``; anything else is a bug and
@@ -128,20 +128,25 @@ class Client:
         self._raw = raw
         self._failure = failure
 
+    @property
+    def raw(self) -> LauncherStore:
+        """The store's implementation (for verbs only it has: etcd's leases and watches)."""
+        return self._raw
+
     def add(self, key: str, amount: int) -> int:
-        return int(_call(self._failure, self._raw.add, key, amount))
+        return int(call(self._failure, self._raw.add, key, amount))
 
     def set(self, key: str, value: str) -> None:
-        _call(self._failure, self._raw.set, key, value)
+        call(self._failure, self._raw.set, key, value)
 
     def get(self, key: str) -> bytes:
-        return _call(self._failure, self._raw.get, key)
+        return call(self._failure, self._raw.get, key)
 
     def check(self, keys: list[str]) -> bool:
-        return bool(_call(self._failure, self._raw.check, keys))
+        return bool(call(self._failure, self._raw.check, keys))
 
     def compare_set(self, key: str, expected: str, desired: str) -> bytes:
-        return _call(self._failure, self._raw.compare_set, key, expected, desired)
+        return call(self._failure, self._raw.compare_set, key, expected, desired)
 
 
 def can_serve() -> bool:
@@ -184,7 +189,7 @@ def connect(host: str, port: int, deadline: float, timeout_s: float) -> Client:
     from ..backends import torch_store
 
     timeout = timedelta(seconds=max(deadline - time.monotonic(), timeout_s))
-    return Client(_call(torch_store.failure, torch_store.connect, host, port, timeout),
+    return Client(call(torch_store.failure, torch_store.connect, host, port, timeout),
                   torch_store.failure)
 
 
