@@ -28,6 +28,12 @@ and every process below it SIGKILLed at once, as a kernel panic leaves a machine
   host name to decide who serves the rendezvous and where the workers meet); tensorplay-run
   needs nothing of the kind.
 
+- **etcd** (``--sides ours,theirs`` leaves it out): ``tensorplay-run --store etcd`` on three hosts
+  (each runs one etcd member of the job's store), the (3, 4) mesh; host A, node 0, is the
+  host lost whole, and once the first step on (2, 4) is seen node 0's launcher is started
+  again on host A with the same flags; the mesh grows back to (3, 4) (measured to the
+  ``mesh grew back`` line: with --wait-full-s, the members wait for it after their last step).
+
 Measured from the kill (this process's clock) to the ``t=<unix time>`` of the step lines both
 jobs print, "less one step" as in bench/recovery.py (each step sleeps --step-s, standing in
 for compute): ours, the loss to the first step on the shrunk (1, 4) mesh, and to the first
@@ -56,7 +62,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import BENCH, ROOT, fmt_time, machine, paired, pythonpath, tree_state
+from _common import BENCH, ROOT, descendants, fmt_time, machine, paired, pythonpath, tree_state
 from _results import add_out, recorded
 
 from tests import netns
@@ -72,12 +78,15 @@ THEIR_STEP = re.compile(r"step (?P<k>\d+)/\d+\s+mesh \(\d+, \d+\)\s+attempt (?P<
                         r"loss [\d.]+" + T)
 
 
-def _ours(hosts: netns.Hosts, node: int, a: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "tensorplay.distributed.run", "--nnodes", "2",
-            "--node-rank", str(node), "--nproc-per-node", str(NPROC), "--max-restarts", "1",
+def _ours(hosts: netns.Hosts, node: int, a: argparse.Namespace, store: str = "tcp"
+          ) -> list[str]:
+    wait = ["--wait-full-s", "120"] if store == "etcd" else []  # node 0 back before the end
+    return [sys.executable, "-m", "tensorplay.distributed.run", "--store", store,
+            "--nnodes", str(hosts.count), "--node-rank", str(node),
+            "--nproc-per-node", str(NPROC), "--max-restarts", "1",
             "--master-addr", hosts.address(1), "--master-port", str(PORT),
             os.path.join(ROOT, "examples", "train_elastic.py"), "--steps", str(a.steps),
-            "--step-s", str(a.step_s), "--verbose"]
+            "--step-s", str(a.step_s), "--verbose", *wait]
 
 
 def _theirs(hosts: netns.Hosts, node: int, ckpt: Path, a: argparse.Namespace) -> list[str]:
@@ -94,15 +103,15 @@ def _text(logs: list[Path]) -> str:
 
 
 def _await(logs: list[Path], pattern: re.Pattern, since: float, deadline: float,
-           hosts: netns.Hosts) -> float | None:
+           hosts: netns.Hosts, watched: int = 0) -> float | None:
     """The unix time on the first line matching ``pattern`` at or after ``since`` (its ``t``),
-    waiting until ``deadline`` (monotonic); None when it never came or host A's launcher
-    ended first."""
+    waiting until ``deadline`` (monotonic); None when it never came or the launcher
+    ``watched`` (host A's; under etcd, where host A is the one lost, host B's) ended first."""
     while time.monotonic() < deadline:
         found = [float(m["t"]) for m in pattern.finditer(_text(logs)) if float(m["t"]) >= since]
         if found:
             return min(found)
-        if hosts.procs[0].poll() is not None:
+        if hosts.procs[watched].poll() is not None:
             return None
         time.sleep(POLL_S)
     return None
@@ -111,20 +120,23 @@ def _await(logs: list[Path], pattern: re.Pattern, since: float, deadline: float,
 def _kill_whole(pid: int) -> None:
     """SIGKILL a launcher and everything below it: the host lost whole (pids this run
     started, found through /proc)."""
-    for p in [pid, *netns.descendants(pid)]:
+    for p in [pid, *descendants(pid)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
 
 
 def _step_pattern(side: str, k: int) -> re.Pattern:
-    if side == "ours":
+    if side != "theirs":
         return re.compile(rf"\[rank 0\] step {k}/\d+\s" + r".*" + T)
     return re.compile(rf"step {k}/\d+\s+mesh \(\d+, \d+\)\s+attempt 0\s" + r".*" + T)
 
 
 def run_once(side: str, a: argparse.Namespace, tmp: Path, index: int) -> dict:
     """One run of one side on two fresh hosts; its figures (seconds, or None) and notes."""
-    logs = [tmp / f"{side}-{index}-{name}.log" for name in ("A", "B", "B-again")]
+    etcd = side == "etcd"  # three hosts, host A (node 0) lost
+    victim, watched = (0, 1) if etcd else (1, 0)
+    names = ("A", "B", "C", "A-again") if etcd else ("A", "B", "B-again")
+    logs = [tmp / f"{side}-{index}-{name}.log" for name in names]
     ckpt = tmp / f"ckpt-{index}"
     ckpt.mkdir()
     fig: dict = {"side": side, "note": ""}
@@ -132,11 +144,12 @@ def run_once(side: str, a: argparse.Namespace, tmp: Path, index: int) -> dict:
           file=sys.stderr, flush=True)
     began = time.monotonic()
     deadline = began + a.limit_s
-    with netns.Hosts(2) as hosts:
+    with netns.Hosts(3 if etcd else 2) as hosts:
         def start(node: int, log: Path) -> None:
             env = {"PYTHONPATH": pythonpath(), "TMPDIR": str(tmp)}
-            if side == "ours":
-                hosts.start(node + 1, _ours(hosts, node, a), log, env=env)
+            if side != "theirs":
+                hosts.start(node + 1, _ours(hosts, node, a, "etcd" if etcd else "tcp"), log,
+                            env=env)
             else:
                 env.update(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
                            GLOO_SOCKET_IFNAME=hosts.ns(node + 1), OMP_NUM_THREADS="1")
@@ -144,13 +157,22 @@ def run_once(side: str, a: argparse.Namespace, tmp: Path, index: int) -> dict:
 
         start(0, logs[0])
         time.sleep(1.0)  # host A's agent first: it serves the rendezvous (theirs)
-        start(1, logs[1])
+        for node in range(1, hosts.count):
+            start(node, logs[node])
         if _await(logs, _step_pattern(side, a.kill_step), 0.0, deadline, hosts) is None:
             fig["note"] = f"no step {a.kill_step} before the limit"
         else:
             killed = time.time()
-            _kill_whole(hosts.procs[1].pid)
-            if side == "theirs":
+            _kill_whole(hosts.procs[victim].pid)
+            if etcd:
+                shrunk = _await(logs, re.compile(r"\[rank \d+\] step \d+/\d+\s+mesh \(2, 4\)"
+                                                 r".*" + T), killed, deadline, hosts, watched)
+                fig["loss_step"] = None if shrunk is None else shrunk - killed - a.step_s
+                start(0, logs[3])
+                full = _await(logs, re.compile(r"mesh grew back to \(3, 4\).*" + T), killed,
+                              deadline, hosts, watched)  # maybe after the last step: no step
+                fig["loss_full"] = None if full is None else full - killed  # line on (3, 4)
+            elif side == "theirs":
                 start(1, logs[2])
                 first = _await(logs, re.compile(THEIR_STEP.pattern.replace(
                     r"(?P<a>\d+)", r"(?P<a>[1-9]\d*)")), killed, deadline, hosts)
@@ -167,11 +189,11 @@ def run_once(side: str, a: argparse.Namespace, tmp: Path, index: int) -> dict:
             codes = hosts.wait_all(timeout=left)
             fig["codes"] = codes
             text = _text(logs)
-            if side == "ours" and "OK: matches single-process training" not in text:
+            if side != "theirs" and "OK: matches single-process training" not in text:
                 fig["note"] = "no 'matches single-process training' line"
-            if codes[0] != 0:
+            if codes[watched] != 0:
                 fig["note"] = (fig["note"] + "; " if fig["note"] else "") + \
-                    f"host A's launcher exit {codes[0]}"
+                    f"host {'AB'[watched]}'s launcher exit {codes[watched]}"
         if a.keep_logs is not None:
             a.keep_logs.mkdir(parents=True, exist_ok=True)
             for log in logs:
@@ -208,19 +230,26 @@ def report(results: dict[str, list[dict]], a: argparse.Namespace) -> None:
     print(f"| tensorplay-run (elastic, --max-restarts 1) | host lost -> first step on (2, 4) "
           f"again (replacement host started after the first shrunk step), less one step | "
           f"{_cell(results['ours'], 'loss_full')} |")
+    if results.get("etcd"):
+        print(f"| tensorplay-run --store etcd, 3 hosts, (3, 4) mesh | **node 0's host (A) lost "
+              f"-> first step on the shrunk (2, 4) mesh**, less one step | "
+              f"{_cell(results['etcd'], 'loss_step')} |")
+        print(f"| tensorplay-run --store etcd, 3 hosts, (3, 4) mesh | node 0's host lost -> "
+              f"the mesh grown back to (3, 4) (node 0 started again on host A after the first "
+              f"shrunk step) | {_cell(results['etcd'], 'loss_full')} |")
     print(f"| torchrun (restart-the-world, replacement host started at once) | **host lost -> "
           f"first step after the restart**, less one step | "
           f"{_cell(results['theirs'], 'loss_step')} |")
     print("\nPer run:\n")
-    print("| run | side | exit codes (A, B, B again) | wall | note |")
+    print("| run | side | exit codes (A, B, B again; etcd: A, B, C, A again) | wall | note |")
     print("|---:|---|---|---:|---|")
     for i in range(n):
-        for side in ("ours", "theirs"):
+        for side in results:
             r = results[side][i]
             print(f"| {i + 1} | {side} | {r.get('codes', '-')} | {r['wall_s']:.0f} s | "
                   f"{r['note']} |")
-    ours = [r.get("loss_step") for r in results["ours"]]
-    theirs = [r.get("loss_step") for r in results["theirs"]]
+    ours = [r.get("loss_step") for r in results.get("ours", [])]
+    theirs = [r.get("loss_step") for r in results.get("theirs", [])]
     ratio = None if None in ours or None in theirs else paired(theirs, ours)
     worst = None if None in ours else max(ours)
     bound = GRACE_S + GOAL_SLACK_S
@@ -247,12 +276,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--limit-s", type=float, default=240.0,
                    help="cap on one run's wall time (default 240)")
     p.add_argument("--keep-logs", type=Path, default=None, help="copy the run logs here")
+    p.add_argument("--sides", default="ours,theirs,etcd",
+                   help="which sides to run, in turns (default ours,theirs,etcd; etcd: "
+                        "--store etcd, node 0 lost, three hosts)")
     add_out(p, __file__)
     a = p.parse_args(argv)
     if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("unshare") is None:
         print("recovery_hosts: needs root, ip (iproute2) and unshare (util-linux) to make "
               "network-namespace hosts; nothing was run", file=sys.stderr)
         sys.exit(2)
+    if "ours" not in a.sides.split(",") or "theirs" not in a.sides.split(","):
+        p.error("--sides must hold ours and theirs (the goal's ratio); etcd is optional")
     if not 0 < a.kill_step < a.steps - 2:
         p.error("--kill-step must be between 1 and --steps - 3")
     with recorded(__file__, a.out):
@@ -261,11 +295,12 @@ def main(argv: list[str] | None = None) -> None:
               f"{time.strftime('%Y-%m-%d %H:%M %Z')}")
         shown = argv if argv is not None else sys.argv[1:]
         print(f"command: {' '.join(['python', 'bench/recovery_hosts.py', *shown])}", flush=True)
-        results: dict[str, list[dict]] = {"ours": [], "theirs": []}
+        sides = tuple(x for x in ("ours", "theirs", "etcd") if x in a.sides.split(","))
+        results: dict[str, list[dict]] = {side: [] for side in sides}
         tmp = Path(tempfile.mkdtemp(prefix="recovery-hosts-"))
         try:
             for i in range(a.repeat):
-                for side in (("ours", "theirs") if i % 2 == 0 else ("theirs", "ours")):
+                for side in (sides if i % 2 == 0 else sides[::-1]):
                     results[side].append(run_once(side, a, tmp, i + 1))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

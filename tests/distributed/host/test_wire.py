@@ -1,11 +1,15 @@
 """The launcher's record of lost nodes as ranks read it (``host/wire.py``), and what reads it: the
-join tokens of a lost node's processes are dead (``elastic/chain._gone``)."""
+join tokens of a lost node's processes are dead (``elastic/chain._gone``); and the ranks' etcd
+store under ``tensorplay-run --store etcd``."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from tensorplay.distributed.elastic import chain
+from tensorplay.distributed.errors import LaunchEnvError
 from tensorplay.distributed.host import wire
 
 LOSS = {"node": 1, "claim": 1, "ranks": [4, 5, 6, 7], "replaced": False,
@@ -70,3 +74,18 @@ def test_ranks_admitted_from_a_new_launcher_are_not_named_before_the_launcher_he
     assert wire.lost_ranks({4: "1.1"}) == [4, 5, 6, 7]  # admitted from the lost launcher
     assert wire.instance_of("1204 hostB 1.2") == "1.2"
     assert wire.instance_of("1204 hostB") == ""
+
+
+def test_the_etcd_store_of_the_ranks_is_read_from_its_variable():
+    env = {wire.STORE: "etcd://10.0.0.1:29500,10.0.0.2:29502/jobs/j1/ranks/"}
+    assert wire.etcd_store(env) == (["10.0.0.1:29500", "10.0.0.2:29502"], "jobs/j1/ranks/")
+    assert wire.etcd_store({wire.STORE: "etcd://127.0.0.1:2379/"}) == (["127.0.0.1:2379"], "")
+    assert wire.etcd_store({}) is None
+
+
+@pytest.mark.parametrize("bad", ["127.0.0.1:2379/ranks/", "etcd://127.0.0.1:2379",
+                                 "etcd://host/ranks/", "etcd:///ranks/"])
+def test_a_malformed_etcd_store_names_the_variable_and_the_fix(bad):
+    with pytest.raises(LaunchEnvError) as caught:
+        wire.etcd_store({wire.STORE: bad})
+    assert "TENSORPLAY_RUN_STORE" in str(caught.value) and "Fix:" in str(caught.value)

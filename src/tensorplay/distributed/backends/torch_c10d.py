@@ -49,7 +49,7 @@ from ..errors import (
     LaunchEnvError,
     bad_argument,
 )
-from ..host import launchers, netif
+from ..host import launchers, netif, wire
 from . import torch_rendezvous, torch_store
 from .protocol import (
     Capabilities,
@@ -238,7 +238,13 @@ class TorchEngine:
 
     def store_reachable(self) -> bool:
         """Whether the job's store, at the launcher's MASTER_ADDR:MASTER_PORT, accepts a
-        connection (True where no launcher says where it is: nothing to probe)."""
+        connection (True where no launcher says where it is: nothing to probe); under
+        ``tensorplay-run --store etcd``, whether one of its members has a leader."""
+        cluster = wire.etcd_store()
+        if cluster is not None:
+            from . import etcd
+
+            return any(etcd.health(e, 1.0) is None for e in cluster[0])
         launch = launchers.detect()
         if launch is None or not launch.master_addr or not launch.master_port:
             return True
