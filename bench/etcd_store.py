@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from _results import add_out, recorded
 
 from tensorplay.distributed.backends import etcd
 from tensorplay.distributed.launcher import etcd_members
+from tests import spawn
 
 THREADS = 16
 PROCS = 4  # processes of simulated launchers (one Python client does ~480 calls/s here)
@@ -54,31 +54,11 @@ CHECKS_SAMPLED = 200  # of the N checks of N keys, this many are timed and the r
 TTL_S, KEEP_S, HOLD_S = 10, 2.0, 20.0
 
 
-def _free_run(count: int) -> int:
-    """A port whose next ``count - 1`` ports were free a moment ago too."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + count < 65000 and all(_free(port + i) for i in range(1, count)):
-            return port
-    raise RuntimeError("no run of free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 class Cluster:
     """Three members on 127.0.0.1, as the launchers start them; stopped on the way out."""
 
     def __enter__(self) -> Cluster:
-        port = _free_run(6)
+        port = spawn.free_ports(6)
         self.seats = [etcd_members.seat(k, "127.0.0.1", port, "bench") for k in range(3)]
         self.members = [etcd_members.LocalMember.start_new(self.seats[0], 60)]
         try:
@@ -199,7 +179,7 @@ def agreement(make_client, n: int) -> dict:
 def _tcp_clients(n_keys: int):
     import torch.distributed as dist
 
-    port = _free_run(1)
+    port = spawn.free_port()
     server = dist.TCPStore("127.0.0.1", port, None, True, timeout=timedelta(seconds=60),
                            wait_for_workers=False)
     prefix = f"agree-{n_keys}/"

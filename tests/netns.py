@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -130,3 +131,25 @@ class Hosts:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def logs(tmp: Path) -> str:
+    """Every ``*.log`` of ``tmp``, each under its name: what a failed test prints."""
+    return "\n".join(f"==== {p.name}\n{p.read_text(errors='replace')}"
+                     for p in sorted(tmp.glob("*.log")))
+
+
+def await_line(log: Path, pattern: str, hosts: Hosts, limit_s: float, watched: int = 0
+               ) -> float:
+    """Wait until ``log`` has a line matching ``pattern``; the time.monotonic() it was seen.
+    Fails naming every log when the process ``watched`` (the first started, by default)
+    ended first or ``limit_s`` ran out."""
+    from tests import timing
+
+    deadline = time.monotonic() + limit_s
+    while not re.search(pattern, log.read_text(errors="replace"), re.MULTILINE):
+        assert hosts.procs[watched].poll() is None, f"{pattern}\n{logs(log.parent)}"
+        assert time.monotonic() < deadline, \
+            f"{pattern}: not within {limit_s:.0f} s ({timing.describe()})\n{logs(log.parent)}"
+        time.sleep(0.1)
+    return time.monotonic()

@@ -61,6 +61,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive TCP ports of 127.0.0.1 that were free a moment ago
+    (an etcd member takes two, a job of three members six)."""
+    for _ in range(100):
+        port = free_port()
+        if port + count < 65000 and all(_free(port + i) for i in range(1, count)):
+            return port
+    raise RuntimeError(f"no {count} free ports in a row on 127.0.0.1")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 @dataclass
 class Failure:
     """What a rank raised: the exception's type name, message and traceback."""

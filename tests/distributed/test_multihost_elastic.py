@@ -41,23 +41,6 @@ def _start(hosts: netns.Hosts, node: int, script: list[str], log: Path) -> None:
                 env={"PYTHONPATH": spawn.pythonpath()})
 
 
-def _await_line(log: Path, pattern: str, hosts: netns.Hosts, limit_s: float) -> float:
-    """Wait until ``log`` has a line matching ``pattern``; the time.monotonic() it was seen.
-    Fails naming every log when a launcher of host A ended first or ``limit_s`` ran out."""
-    deadline = time.monotonic() + limit_s
-    while not re.search(pattern, log.read_text(errors="replace"), re.MULTILINE):
-        assert hosts.procs[0].poll() is None, f"{pattern}\n{_logs(log.parent)}"
-        assert time.monotonic() < deadline, \
-            f"{pattern}: not within {limit_s:.0f} s ({timing.describe()})\n{_logs(log.parent)}"
-        time.sleep(0.1)
-    return time.monotonic()
-
-
-def _logs(tmp: Path) -> str:
-    return "\n".join(f"==== {p.name}\n{p.read_text(errors='replace')}"
-                     for p in sorted(tmp.glob("*.log")))
-
-
 def _kill_whole(pid: int) -> None:
     """SIGKILL a launcher and everything below it (its ranks, its warm process): a host
     lost whole, as a kernel panic leaves it (pids this test started, found through /proc)."""
@@ -72,7 +55,7 @@ def _kill_host_b_after_step_3(hosts: netns.Hosts, script: list[str], logs: dict[
     time.monotonic() of the kill."""
     _start(hosts, 0, script, logs["hostA"])
     _start(hosts, 1, script, logs["hostB"])
-    _await_line(logs["hostA"], r"^\[rank 0\] step 3/", hosts, timing.guard(240))
+    netns.await_line(logs["hostA"], r"^\[rank 0\] step 3/", hosts, timing.guard(240))
     killed = time.monotonic()
     _kill_whole(hosts.procs[1].pid)
     return killed
@@ -86,12 +69,12 @@ def test_a_host_killed_whole_the_other_trains_on_and_its_replacement_grows_the_m
     logs = {name: tmp_path / f"{name}.log" for name in ("hostA", "hostB", "hostB-again")}
     with netns.Hosts(2) as hosts:
         killed = _kill_host_b_after_step_3(hosts, script, logs)
-        shrunk = _await_line(logs["hostA"], r"^\[rank 0\] step \d+/8  mesh \(1, 4\)", hosts,
+        shrunk = netns.await_line(logs["hostA"], r"^\[rank 0\] step \d+/8  mesh \(1, 4\)", hosts,
                              timing.guard(120))
         _start(hosts, 1, script, logs["hostB-again"])
-        _await_line(logs["hostA"], r"mesh grew back to \(2, 4\)", hosts, timing.guard(240))
+        netns.await_line(logs["hostA"], r"mesh grew back to \(2, 4\)", hosts, timing.guard(240))
         codes = hosts.wait_all(timeout=timing.guard(180))
-        text = _logs(tmp_path)
+        text = netns.logs(tmp_path)
     a, again = logs["hostA"].read_text(), logs["hostB-again"].read_text()
     assert codes == [0, -signal.SIGKILL, 0], f"{codes}\n{text}"
     assert shrunk - killed < timing.bound(GRACE_S, 5), \
@@ -113,7 +96,7 @@ def test_a_host_lost_below_elastic_min_ends_every_process_promptly_naming_it(tmp
         killed = _kill_host_b_after_step_3(hosts, script, logs)
         code = hosts.procs[0].wait(timeout=timing.guard(120))
         took = time.monotonic() - killed
-        text = _logs(tmp_path)
+        text = netns.logs(tmp_path)
     a = logs["hostA"].read_text()
     assert code != 0, text
     assert took < timing.bound(GRACE_S, 10), f"{took:.1f} s ({timing.describe()})\n{text}"
@@ -136,13 +119,13 @@ def test_a_host_cut_off_stops_itself_and_the_other_host_trains_on_to_the_end(tmp
             hosts.start(node + 1, _argv(hosts, node, script), logs[f"host{'AB'[node]}"],
                         env={"PYTHONPATH": spawn.pythonpath(),
                              "TENSORPLAY_NODE_GRACE_S": str(CUT_GRACE_S)})
-        _await_line(logs["hostA"], r"^\[rank 0\] step 3/12", hosts, timing.guard(240))
+        netns.await_line(logs["hostA"], r"^\[rank 0\] step 3/12", hosts, timing.guard(240))
         cut = time.monotonic()
         hosts.cut(2)
-        shrunk = _await_line(logs["hostA"], r"^\[rank 0\] step \d+/12  mesh \(1, 4\)", hosts,
+        shrunk = netns.await_line(logs["hostA"], r"^\[rank 0\] step \d+/12  mesh \(1, 4\)", hosts,
                              timing.guard(120))
         codes = hosts.wait_all(timeout=timing.guard(180))
-        text = _logs(tmp_path)
+        text = netns.logs(tmp_path)
     a, b = logs["hostA"].read_text(), logs["hostB"].read_text()
     assert codes[0] == 0 and codes[1] not in (0, None), f"{codes}\n{text}"
     assert shrunk - cut < timing.bound(CUT_GRACE_S, 8), \
@@ -167,20 +150,20 @@ def test_a_frozen_host_is_declared_lost_after_the_grace_and_the_other_trains_on(
     with netns.Hosts(2) as hosts:
         for node in (0, 1):
             hosts.start(node + 1, _argv(hosts, node, script), logs[f"host{'AB'[node]}"], env=env)
-        _await_line(logs["hostA"], r"^\[rank 0\] step 3/8", hosts, timing.guard(240))
+        netns.await_line(logs["hostA"], r"^\[rank 0\] step 3/8", hosts, timing.guard(240))
         frozen = [hosts.procs[1].pid, *procfs.descendants(hosts.procs[1].pid)]
         for pid in frozen:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()
-        shrunk = _await_line(logs["hostA"], r"^\[rank 0\] step \d+/8  mesh \(1, 4\)", hosts,
+        shrunk = netns.await_line(logs["hostA"], r"^\[rank 0\] step \d+/8  mesh \(1, 4\)", hosts,
                              timing.guard(120))
         code_a = hosts.procs[0].wait(timeout=timing.guard(180))
         for pid in frozen:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
         codes = hosts.wait_all(timeout=timing.guard(60))
-        text = _logs(tmp_path)
+        text = netns.logs(tmp_path)
     a, b = logs["hostA"].read_text(), logs["hostB"].read_text()
     assert code_a == 0 and codes[1] not in (0, None), f"{codes}\n{text}"
     assert shrunk - stopped < timing.bound(CUT_GRACE_S, 8), \
@@ -210,11 +193,12 @@ def test_a_host_lost_during_a_recovery_costs_nothing_more_and_the_rest_train_on(
             argv[argv.index("--nproc-per-node") + 1] = "2"
             hosts.start(node + 1, argv, logs[names[node]],
                         env={"PYTHONPATH": spawn.pythonpath()})
-        _await_line(logs["hostC"], r"^tensorplay-run: rank 4 lost \(killed by signal SIGKILL\)",
-                    hosts, timing.guard(240))
+        netns.await_line(logs["hostC"],
+                         r"^tensorplay-run: rank 4 lost \(killed by signal SIGKILL\)", hosts,
+                         timing.guard(240))
         _kill_whole(hosts.procs[3].pid)
         codes = hosts.wait_all(timeout=timing.guard(180))
-        text = _logs(tmp_path)
+        text = netns.logs(tmp_path)
     a = logs["hostA"].read_text()
     assert codes[:2] == [0, 0] and codes[3] == -signal.SIGKILL, f"{codes}\n{text}"
     assert codes[2] == 0, f"{codes}\n{text}"

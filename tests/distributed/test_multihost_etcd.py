@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import sys
 import time
@@ -44,24 +43,6 @@ def _start(hosts: netns.Hosts, node: int, script: list[str], log: Path, tmp: Pat
                                           "TENSORPLAY_NODE_GRACE_S": str(GRACE_S)})
 
 
-def _await_line(log: Path, pattern: str, hosts: netns.Hosts, limit_s: float,
-                watched: int = 1) -> float:
-    """Wait until ``log`` has a line matching ``pattern``; the time.monotonic() it was seen.
-    Fails naming every log when the launcher ``watched`` ended first or ``limit_s`` ran out."""
-    deadline = time.monotonic() + limit_s
-    while not re.search(pattern, log.read_text(errors="replace"), re.MULTILINE):
-        assert hosts.procs[watched].poll() is None, f"{pattern}\n{_logs(log.parent)}"
-        assert time.monotonic() < deadline, \
-            f"{pattern}: not within {limit_s:.0f} s ({timing.describe()})\n{_logs(log.parent)}"
-        time.sleep(0.1)
-    return time.monotonic()
-
-
-def _logs(tmp: Path) -> str:
-    return "\n".join(f"==== {p.name}\n{p.read_text(errors='replace')}"
-                     for p in sorted(tmp.glob("*.log")))
-
-
 def _signal_tree(pid: int, signum: int) -> list[int]:
     """Send ``signum`` to a launcher and everything below it (its ranks, warm process and
     etcd member: pids this test started, found through /proc); the pids signalled."""
@@ -89,7 +70,7 @@ def _first_steps(hosts: netns.Hosts, tmp: Path, script: list[str]) -> dict[str, 
     logs = {name: tmp / f"{name}.log" for name in NAMES}
     for node in range(3):
         _start(hosts, node, script, logs[NAMES[node]], tmp)
-    _await_line(logs["hostA"], r"^\[rank 0\] step 3/", hosts, timing.guard(240), watched=0)
+    netns.await_line(logs["hostA"], r"^\[rank 0\] step 3/", hosts, timing.guard(240))
     return logs
 
 
@@ -110,13 +91,14 @@ def test_node_0_killed_whole_the_others_train_on_and_node_0_started_again_grows_
         logs = _first_steps(hosts, tmp_path, script)
         killed = time.monotonic()
         _signal_tree(hosts.procs[0].pid, signal.SIGKILL)
-        shrunk = _await_line(logs["hostB"], r"^\[rank 4\] step \d+/10  mesh \(2, 4\)", hosts,
-                             timing.guard(120))
+        shrunk = netns.await_line(logs["hostB"], r"^\[rank 4\] step \d+/10  mesh \(2, 4\)",
+                                  hosts, timing.guard(120), watched=1)  # host A is the one lost
         again = tmp_path / "hostA-again.log"
         _start(hosts, 0, script, again, tmp_path)
-        _await_line(logs["hostB"], r"mesh grew back to \(3, 4\)", hosts, timing.guard(240))
+        netns.await_line(logs["hostB"], r"mesh grew back to \(3, 4\)", hosts, timing.guard(240),
+                         watched=1)
         codes = hosts.wait_all(timeout=timing.guard(180))
-        text = _logs(tmp_path)
+        text = netns.logs(tmp_path)
     b, back = logs["hostB"].read_text(), again.read_text()
     assert codes == [-signal.SIGKILL, 0, 0, 0], f"{codes}\n{text}"
     assert shrunk - killed < timing.bound(GRACE_S, 5), \
@@ -139,14 +121,14 @@ def test_node_0_frozen_is_lost_within_the_grace_and_the_others_train_on(tmp_path
         logs = _first_steps(hosts, tmp_path, script)
         frozen = _signal_tree(hosts.procs[0].pid, signal.SIGSTOP)
         stopped = time.monotonic()
-        shrunk = _await_line(logs["hostB"], r"^\[rank 4\] step \d+/10  mesh \(2, 4\)", hosts,
-                             timing.guard(120))
+        shrunk = netns.await_line(logs["hostB"], r"^\[rank 4\] step \d+/10  mesh \(2, 4\)",
+                                  hosts, timing.guard(120), watched=1)  # host A is the one lost
         codes_bc = [p.wait(timeout=timing.guard(180)) for p in hosts.procs[1:]]
         for pid in frozen:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
         codes = hosts.wait_all(timeout=timing.guard(60))
-        text = _logs(tmp_path)
+        text = netns.logs(tmp_path)
     b = logs["hostB"].read_text()
     assert codes_bc == [0, 0] and codes[0] not in (0, None), f"{codes}\n{text}"
     assert shrunk - stopped < timing.bound(GRACE_S + 2, 6), \
@@ -168,11 +150,9 @@ def test_a_minority_cut_off_stops_the_majority_trains_on_until_it_loses_its_majo
         logs = _first_steps(hosts, tmp_path, script)
         cut = time.monotonic()
         hosts.cut(3)
-        shrunk = _await_line(logs["hostA"], r"^\[rank 0\] step \d+/400  mesh \(2, 4\)", hosts,
-                             timing.guard(120), watched=0)
+        shrunk = netns.await_line(logs["hostA"], r"^\[rank 0\] step \d+/400  mesh \(2, 4\)",
+                                  hosts, timing.guard(120))
         code_c = hosts.procs[2].wait(timeout=timing.bound(GRACE_S, 60))
-        _await_line(logs["hostA"], r"^\[rank 0\] step \d+/400  mesh \(2, 4\)", hosts,
-                    timing.guard(60), watched=0)  # still training after C stopped
         member = _etcd_pid(hosts.procs[0].pid)
         os.kill(member, signal.SIGSTOP)
         stopped = time.monotonic()
@@ -180,7 +160,7 @@ def test_a_minority_cut_off_stops_the_majority_trains_on_until_it_loses_its_majo
         took = time.monotonic() - stopped
         with contextlib.suppress(ProcessLookupError):
             os.kill(member, signal.SIGCONT)
-        text = _logs(tmp_path)
+        text = netns.logs(tmp_path)
     a, b, c = (logs[name].read_text() for name in NAMES)
     assert code_c == 1 and codes == [1, 1, 1], f"{codes}\n{text}"
     assert shrunk - cut < timing.bound(GRACE_S, 8), \

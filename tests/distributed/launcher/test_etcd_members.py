@@ -40,26 +40,6 @@ def members():
             member.proc.wait(timeout=30)
 
 
-def _port() -> int:
-    """A master port whose next five ports were free a moment ago too."""
-    for _ in range(50):
-        port = spawn.free_port()
-        if port < 65000 and all(_free(port + i) for i in range(1, 6)):
-            return port
-    raise RuntimeError("no six free ports in a row")
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _client(*seats: etcd_members.Seat) -> etcd_api.Etcd:
     return etcd_api.Etcd([s.endpoint for s in seats], timeout_s=timing.guard(5))
 
@@ -79,7 +59,7 @@ def test_a_binary_that_is_not_etcd_is_refused_naming_what_to_install(private, mo
 
 
 def test_one_member_grows_to_three_loses_one_and_takes_a_replacement(private, members):
-    port = _port()
+    port = spawn.free_ports(6)
     seats = [etcd_members.seat(k, "127.0.0.1", port, "t") for k in range(3)]
     members.append(etcd_members.LocalMember.start_new(seats[0], timing.guard(30)))
     for k in (1, 2):
@@ -109,7 +89,7 @@ def test_one_member_grows_to_three_loses_one_and_takes_a_replacement(private, me
 
 
 def test_a_member_restarts_from_the_data_its_predecessor_left(private, members):
-    port = _port()
+    port = spawn.free_ports(6)
     seats = [etcd_members.seat(k, "127.0.0.1", port, "t") for k in range(3)]
     members.append(etcd_members.LocalMember.start_new(seats[0], timing.guard(30)))
     for k in (1, 2):
@@ -126,7 +106,7 @@ def test_a_member_restarts_from_the_data_its_predecessor_left(private, members):
 
 
 def test_a_member_dies_with_the_launcher_that_started_it(private, members):
-    port = _port()
+    port = spawn.free_ports(6)
     code = ("import sys, tempfile; tempfile.tempdir = sys.argv[2]\n"
             "from tensorplay.distributed.launcher import etcd_members as m\n"
             "member = m.LocalMember.start_new(m.seat(0, '127.0.0.1', int(sys.argv[1])), 60)\n"
