@@ -137,23 +137,24 @@ def test_node_0_frozen_is_lost_within_the_grace_and_the_others_train_on(tmp_path
     assert "tensorplay-run: node 0 (hostA, ranks 0-3) is lost: went silent: its lease" in b, b
 
 
-def test_a_minority_cut_off_stops_the_majority_trains_on_until_it_loses_its_majority_too(
+def test_node_0_cut_off_stops_itself_the_others_train_on_until_they_lose_the_majority_too(
         tmp_path):
-    """Host C's link cut: its member is a minority of one, so its launcher stops its ranks
-    (exit 1, naming the store's lost majority) while hosts A and B, a majority, declare node 2
-    lost and train on (2, 4). Then host A's etcd member is frozen too (SIGSTOP to that one
-    process): 2 of the 3 members are lost, no launcher reaches a majority, and hosts A and B
-    stop their ranks within the grace plus a margin, exit 1, naming the lost majority."""
+    """Host A's link cut (node 0: rank 0, the first etcd member): its member is a minority of
+    one, so its launcher stops its ranks (exit 1, naming the store's lost majority) while hosts
+    B and C, a majority, declare node 0 lost and train on (2, 4). Then host B's etcd member is
+    frozen too (SIGSTOP to that one process): 2 of the 3 members are lost, no launcher reaches
+    a majority, and hosts B and C stop their ranks within the grace plus a margin, exit 1,
+    naming the lost majority."""
     _require()
     script = [EXAMPLE, "--steps", "400", "--step-s", "0.5"]
     with netns.Hosts(3) as hosts:
         logs = _first_steps(hosts, tmp_path, script)
         cut = time.monotonic()
-        hosts.cut(3)
-        shrunk = netns.await_line(logs["hostA"], r"^\[rank 0\] step \d+/400  mesh \(2, 4\)",
-                                  hosts, timing.guard(120))
-        code_c = hosts.procs[2].wait(timeout=timing.bound(GRACE_S, 60))
-        member = _etcd_pid(hosts.procs[0].pid)
+        hosts.cut(1)
+        shrunk = netns.await_line(logs["hostB"], r"^\[rank 4\] step \d+/400  mesh \(2, 4\)",
+                                  hosts, timing.guard(120), watched=1)  # host A is the one cut
+        code_a = hosts.procs[0].wait(timeout=timing.bound(GRACE_S, 60))
+        member = _etcd_pid(hosts.procs[1].pid)
         os.kill(member, signal.SIGSTOP)
         stopped = time.monotonic()
         codes = hosts.wait_all(timeout=timing.bound(GRACE_S, 60))
@@ -162,12 +163,12 @@ def test_a_minority_cut_off_stops_the_majority_trains_on_until_it_loses_its_majo
             os.kill(member, signal.SIGCONT)
         text = netns.logs(tmp_path)
     a, b, c = (logs[name].read_text() for name in NAMES)
-    assert code_c == 1 and codes == [1, 1, 1], f"{codes}\n{text}"
+    assert code_a == 1 and codes == [1, 1, 1], f"{codes}\n{text}"
     assert shrunk - cut < timing.bound(GRACE_S, 8), \
         f"{shrunk - cut:.1f} s ({timing.describe()})\n{text}"
-    assert "tensorplay-run: node 2 (hostC, ranks 8-11) is lost" in a, a
+    assert "tensorplay-run: node 0 (hostA, ranks 0-3) is lost" in b, b
     assert took < timing.bound(GRACE_S, 30), f"{took:.1f} s ({timing.describe()})\n{text}"
     for log in (a, b, c):
         assert "The store lost its majority as seen from here" in log, log
-    assert "member 0 (hostA, 198.18.0.1:29539): no answer" in b, b
+    assert f"member 1 (hostB, {hosts.address(2)}:" in c and "): no answer" in c, c
     assert not _no_member_data_left(tmp_path), _no_member_data_left(tmp_path)
