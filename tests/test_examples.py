@@ -1,7 +1,8 @@
 """The examples, run by the launcher on real gloo ranks: the main job, examples/train_dp_tp.py,
 examples/train_fsdp_tp.py (FSDP2 + tensor parallelism on our mesh), examples/train_moe.py (a
 mixture of experts on a dense view and its expert reshape; 8 ranks each) and
-examples/fsdp_roles.py (FSDP or HSDP from the mesh's roles; 4 ranks)."""
+examples/fsdp_roles.py (FSDP or HSDP from the mesh's roles; 4 ranks); examples/heat2d.py and
+examples/train_elastic_numpy.py (numpy only)."""
 
 from __future__ import annotations
 
@@ -167,3 +168,16 @@ def test_heat2d_on_the_mpi_engine_matches_one_process():
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "on the mpi backend" in done.stdout
     assert heat_diff(done.stdout) <= 1e-12
+
+
+# -- examples/train_elastic_numpy.py: the elastic loop on numpy arrays ------------------------
+def test_the_numpy_elastic_example_survives_a_kill_on_gloo_and_matches_one_process():
+    """Rank 5 SIGKILLs itself at step 5: the survivors shrink to (1, 4), tensorplay-run restarts
+    it, the mesh grows back to (2, 4) and the weights equal one process's (numpy, float64)."""
+    code, out, err = run_job("--kill", "5@4", job=[
+        sys.executable, "-m", "tensorplay.distributed.run", "--nproc-per-node", "8",
+        "--max-restarts", "1", "examples/train_elastic_numpy.py"])
+    assert code == 0, out[-2000:] + err[-3000:]
+    assert "recovered: mesh (1, 4) at epoch 1, lost [5]" in out, out
+    assert "mesh grew back to (2, 4) at epoch 2; fresh ranks [4, 5, 6, 7]" in out, out
+    assert "OK: matches single-process training" in out, out

@@ -61,7 +61,8 @@ def test_only_the_torch_engine_imports_torch():
 
 
 # the MPI engine: the only files that may import mpi4py, anywhere in them
-MPI_ENGINE = {"backends/mpi.py", "backends/mpi_collectives.py", "backends/mpi_watch.py"}
+MPI_ENGINE = {"backends/mpi.py", "backends/mpi_collectives.py", "backends/mpi_watch.py",
+              "backends/mpi_ulfm.py"}
 
 
 def test_only_the_mpi_engine_imports_mpi4py():

@@ -181,6 +181,15 @@ def main() -> None:
             report("no error")
         except dist.CallMismatchError as err:
             report(str(err))
+    elif scenario == "elastic":  # an MPI without ULFM: refused, before anything is made
+        try:
+            init_device_mesh("cpu", (2, n // 2), mesh_dim_names=("dp", "tp"), elastic="dp")
+            report("no error")
+        except dist.ArgumentError as err:
+            report(str(err))
+        x = np.ones(1)
+        dist.all_reduce(x)  # the world still works
+        report(x.tolist())
     elif scenario == "late" and r == 0:
         time.sleep(3)  # finishes its script 3 s after the others, with no collective
     dist.destroy_process_group()

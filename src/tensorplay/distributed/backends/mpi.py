@@ -21,23 +21,30 @@ with the error naming who never came.
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from mpi4py import MPI
 
 from ..errors import (
+    FIX_FAILED,
     BackendError,
     DistributedError,
+    DistributedTimeoutError,
     LaunchEnvError,
+    RankFailedError,
     bad_argument,
     format_ranks,
+    rank_words,
 )
 from ..host import launchers
-from . import mpi_watch, torch_engine_installed
+from . import mpi_ulfm, mpi_watch, torch_engine_installed
 from .protocol import (
     Capabilities,
     Engine,
@@ -45,6 +52,7 @@ from .protocol import (
     GathersText,
     Joined,
     Running,
+    Shrinks,
     Started,
     StoreFailure,
 )
@@ -61,8 +69,9 @@ def _tag(name: str) -> int:
 class MpiEngine:
     """The MPI engine as the registry gives it (``Engine``, no capability): it joins
     COMM_WORLD, reads MPI's exceptions and keeps nothing of any world (``MpiWorld`` does). No
-    mesh objects of its own (``NativeMeshes``: DTensor needs torch's groups) and no elastic
-    meshes (``Severable``: they need a store, which it lacks)."""
+    mesh objects of its own (``NativeMeshes``: DTensor needs torch's groups) and no groups to
+    sever (``Severable``): an elastic mesh here shrinks the world itself, under Open MPI's
+    ULFM (``MpiWorld``'s ``Shrinks``)."""
 
     name = "mpi"
     capabilities = Capabilities(simulated=False, has_store=False)
@@ -103,9 +112,13 @@ class MpiEngine:
 
     def _join(self, timeout: timedelta) -> Started:
         """This process's watch (started by its first world), then this world's duplicate
-        of COMM_WORLD, made under it."""
+        of COMM_WORLD, made under it; on a process spawned into a running job (a
+        replacement, ``MpiWorld.spawn``), the world merged with its spawners instead."""
         step = "init_process_group(): joining the MPI world"
         bound_s = timeout.total_seconds()
+        spawners = mpi_ulfm.parent()
+        if spawners is not None:
+            return _join_spawners(spawners, step, bound_s)
         watch = mpi_watch.joined(step, bound_s)
         comm = watch.watched(bound_s, step, None, None, MPI.COMM_WORLD.Dup)
         return Started(comm, None, MpiWorld(watch, bound_s, comm))
@@ -155,7 +168,8 @@ class MpiEngine:
 
 
 class MpiWorld(MpiEngine):
-    """The MPI engine as one world runs it (``Joined``, ``GathersText``; ``Started.engine``):
+    """The MPI engine as one world runs it (``Joined``, ``GathersText``, ``Shrinks``;
+    ``Started.engine``):
     this world's communicators (the world's duplicate of COMM_WORLD first), its number in this
     process (``watch.worlds``) and ``timeout_s``, the World's timeout given at start: the
     bound of every wait it hands to the process's ``watch``.
@@ -163,11 +177,18 @@ class MpiWorld(MpiEngine):
     Rank 5 of an 8-rank (2, 4) mesh holds 3: the world's, [1, 5] ("dp") and [4, 5, 6, 7] ("tp").
     """
 
-    def __init__(self, watch: mpi_watch.Watch, timeout_s: float, world_comm: Any) -> None:
+    def __init__(self, watch: mpi_watch.Watch, timeout_s: float, world_comm: Any,
+                 job: tuple[list[int], int, str | None] | None = None) -> None:
         self.watch = watch
         self.timeout_s = timeout_s
         self.number = watch.worlds  # its ended notices carry it
         self._made = [world_comm]  # this world's communicators, the world's first
+        # the job rank of each rank of the world's communicator (itself until a shrink or a
+        # spawn), the job's size, and on a spawned process the note its spawners sent
+        ranks, size, note = job or (list(range(world_comm.Get_size())),
+                                    world_comm.Get_size(), None)
+        self._ranks, self._size, self._note = list(ranks), size, note
+        self._place = {r: i for i, r in enumerate(self._ranks)}  # job rank -> its place
 
     def new_group(self, name: str, ranks: Any, backend: str, timeout: timedelta,
                   desc: str, *, apart: bool = False) -> Any:
@@ -176,7 +197,7 @@ class MpiWorld(MpiEngine):
         members = ranks.tolist()
         step = f"creating the group [{format_ranks(members)}] ({desc})"
         world = self._made[0]
-        group = world.Get_group().Incl(members)
+        group = world.Get_group().Incl([self._place[r] for r in members])
         try:
             comm = self.watch.watched(self.timeout_s, step, None, members, world.Create_group,
                                       group, _tag(name))
@@ -199,8 +220,97 @@ class MpiWorld(MpiEngine):
 
     def allgather_text(self, text: str, step: str) -> list[str]:
         """Every rank's ``text`` in rank order, on the control communicator, within this
-        world's timeout (``Watch.allgather_text``)."""
-        return self.watch.allgather_text(text, step, self.timeout_s)
+        world's timeout (``Watch.allgather_text``); "" for a rank lost in a shrink."""
+        texts = self.watch.allgather_text(text, step, self.timeout_s)
+        if self.watch.job_ranks == list(range(self._size)):
+            return texts
+        every = [""] * self._size  # in job rank order (after a spawn, the spawned come last)
+        for rank, said in zip(self.watch.job_ranks, texts, strict=True):
+            every[rank] = said
+        return every
+
+    def lost_ranks(self, comm: Any, err: BaseException) -> list[int] | None:
+        """The job ranks of ``comm`` that failed, when ``err`` is ULFM's "process failed";
+        None otherwise."""
+        if self.classify(err) != "peer_lost":
+            return None
+        failed = comm.Get_failed()
+        world = self._made[0]
+        places = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())),
+                                           world.Get_group())
+        return sorted(self._ranks[p] for p in places if p != MPI.UNDEFINED)
+
+    # -- Shrinks: a world shrunk and grown back by ULFM (mpi_ulfm.py) --------------------
+    def shrink_refused(self) -> tuple[str, str] | None:
+        return mpi_ulfm.refusal()
+
+    def present(self) -> list[int]:
+        return sorted(self._ranks)
+
+    def shrink(self, step: str) -> list[int]:
+        """Revoke every communicator of this world, ``Shrink`` its own (ULFM's agreement),
+        and go on with the survivors; the lost job ranks."""
+        old, ranks = self._made[0], self._ranks
+        mpi_ulfm.revoke([*self._made, self.watch.control])
+        shrunk = self._ulfm(step, old.Shrink)
+        kept = mpi_ulfm.job_ranks_of(shrunk, old, ranks)
+        control = self._ulfm(step, shrunk.Dup)
+        self._retire(self.watch.rebase(control, kept), [shrunk], kept)
+        return sorted(set(ranks) - set(kept))
+
+    def poll(self, flag: int, step: str) -> int | None:
+        """The largest ``flag`` of the ranks present (one nonblocking reduction, tested every
+        millisecond), or None once a rank present said it left while this one waited."""
+        comm, out = self._made[0], np.zeros(1, dtype=np.int64)
+        began = time.monotonic()
+        try:
+            request = comm.Iallreduce(np.array([flag], dtype=np.int64), out, op=MPI.MAX)
+            while not request.Test():
+                if self.watch.left() & set(self._ranks):
+                    return None
+                if time.monotonic() - began > self.timeout_s:
+                    raise DistributedTimeoutError(step, self.timeout_s, None,
+                                                  who="the ranks present never all came")
+                time.sleep(0.001)
+        except MPI.Exception as err:
+            raise self._failure(err, step, comm) from err
+        return int(out[0])
+
+    def spawn(self, ranks: Sequence[int], note: str, step: str) -> None:
+        """``Spawn`` this script for ``ranks``, ``Merge`` (the spawners first), tell the
+        newcomers their ranks and ``note``, and go on with every rank on a new control
+        communicator."""
+        every = [*self._ranks, *ranks]
+        merged = self._ulfm(step, mpi_ulfm.spawn, self._made[0], len(ranks))
+        self._ulfm(step, mpi_ulfm.send_note, merged, every, json.dumps(
+            {"size": self._size, "note": note}))
+        control = self._ulfm(step, merged.Dup)
+        self._retire(self.watch.rebase(control, every), [merged], every)
+
+    def spawned_note(self) -> str | None:
+        return self._note
+
+    def _retire(self, control: Any, made: list[Any], ranks: list[int]) -> None:
+        """Free the old control communicator and this world's old communicators (revoked, or
+        the epoch's that ends); go on with ``made`` and the job ranks ``ranks``."""
+        old, self._made = [control, *self._made], made
+        self._ranks, self._place = ranks, {r: i for i, r in enumerate(ranks)}
+        for comm in old:
+            comm.Free()
+
+    def _ulfm(self, step: str, call: Any, *args: Any) -> Any:
+        """A blocking call of a shrink or a spawn, watched (bounded by the world's timeout)
+        and its failure our error."""
+        try:
+            return self.watch.watched(self.timeout_s, step, None, [], call, *args)
+        except MPI.Exception as err:
+            raise self._failure(err, step, self._made[0]) from err
+
+    def _failure(self, err: BaseException, step: str, comm: Any) -> Exception:
+        lost = self.lost_ranks(comm, err) or []
+        said = (f"{rank_words(lost)} failed" if lost else
+                f"MPI said {err}")
+        return RankFailedError(f"{step} failed: {said}. {FIX_FAILED}", ranks=lost or None)
 
     def tell_ended(self, counts: Mapping[str, tuple[Sequence[int], int]]) -> None:
         """Send each other member of each group this rank's final count of it, marked as
@@ -251,8 +361,20 @@ def _script_words() -> str:
     return shlex.join(argv)
 
 
+def _join_spawners(spawners: Any, step: str, bound_s: float) -> Started:
+    """A process spawned into a running job (``MpiWorld.spawn``): merged with its spawners,
+    told its job rank, the job's size and the note, then this process's watch on the merged
+    communicator."""
+    merged = spawners.Merge(high=True)
+    ranks, told = mpi_ulfm.read_note(merged)
+    facts = json.loads(told)
+    watch = mpi_watch.joined(step, bound_s, base=merged, job_ranks=ranks)
+    world = MpiWorld(watch, bound_s, merged, (ranks, facts["size"], facts["note"]))
+    return Started(merged, None, world, rank=ranks[merged.Get_rank()], size=facts["size"])
+
+
 ENGINE = MpiEngine()
 JOINED = MpiWorld  # the class of Started.engine
 _CLAIMS: Engine = ENGINE  # mypy: the core (and no capability per process)
-if TYPE_CHECKING:  # mypy: a world's engine meets the core per world and 1 capability
-    _WORLD_CLAIMS: tuple[type[Joined], type[GathersText]] = (JOINED,) * 2
+if TYPE_CHECKING:  # mypy: a world's engine meets the core per world and 2 capabilities
+    _WORLD_CLAIMS: tuple[type[Joined], type[GathersText], type[Shrinks]] = (JOINED,) * 3

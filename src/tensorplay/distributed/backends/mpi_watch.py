@@ -6,7 +6,7 @@
   code), prints the DistributedTimeoutError naming who never came and what the others wait
   in, and aborts the job (a blocking MPI call cannot be interrupted);
 - a rank that ends with an uncaught exception prints it, names itself and calls
-  ``COMM_WORLD.Abort(1)``, which ends every rank (as ``python -m mpi4py`` does);
+  ``Abort(1)`` on the control communicator, which ends every rank (as ``python -m mpi4py`` does);
 - at the end of its script every rank meets the others at rank 0 before MPI's finalize (which
   waits for every rank, forever). A rank still waiting there after EXIT_GRACE_S tells every
   rank that it has left, so that a call waiting for it ends the job at once naming it
@@ -101,8 +101,15 @@ class Watch:
     ``watched`` (and by ``MpiGroupOps``'s all_reduce fast path) and read by the watchdog.
     """
 
-    def __init__(self, control: Any, bound_s: float) -> None:
+    def __init__(self, control: Any, bound_s: float, job_ranks: Sequence[int] | None = None
+                 ) -> None:
         self.control = control  # this process's control communicator
+        # the job rank of each control rank: itself, until a world shrinks or grows (rebase)
+        self.job_ranks = list(range(control.Get_size()) if job_ranks is None else job_ranks)
+        self._place = {r: i for i, r in enumerate(self.job_ranks)}  # job rank -> control rank
+        self.rank = self.job_ranks[control.Get_rank()]  # this process's job rank
+        self.control_works = True  # False from a failure on it (ULFM) until the next rebase
+        self._lock = threading.Lock()  # the watchdog's turn on the control communicator
         self.call: tuple[str, Any, float, Sequence[int] | None, float] | None = None
         self.worlds = 0  # how many worlds this process joined (ended notices carry it)
         self.exit_bound_s = bound_s  # the exit meeting's: the newest world's timeout
@@ -114,6 +121,22 @@ class Watch:
         self._mates: dict[int, tuple[int, Any]] = {}  # host-mates: rank -> (pid, pidfd/start)
         self._doing: str | None = None  # what the main thread does outside a watched call
         self._stop, self._stopped = threading.Event(), threading.Event()  # the watchdog's
+
+    def rebase(self, control: Any, job_ranks: Sequence[int]) -> Any:
+        """Go on with ``control``, the control communicator of a world that shrank or grew,
+        whose control ranks are the job ranks ``job_ranks``; returns the old one (revoked:
+        the caller frees it). Notices in flight on the old one are dropped with it."""
+        with self._lock:
+            old, self.control = self.control, control
+            self.job_ranks = list(job_ranks)
+            self._place = {r: i for i, r in enumerate(self.job_ranks)}
+            self._told, self._left = [], set()
+            self.control_works = True
+        return old
+
+    def left(self) -> set[int]:
+        """The job ranks that said they left the job (their script ended)."""
+        return set(self._left)
 
     def open_world(self, bound_s: float) -> int:
         """A world joins, its waits bounded by ``bound_s``: the ended notices of the last one
@@ -132,7 +155,7 @@ class Watch:
         launch = launchers.detect()
         if launch is None or launch.source != "mpich":  # the same on every rank
             return
-        me = MPI.COMM_WORLD.Get_rank()
+        me = self.rank
         pairs = [t.split(" ", 1) for t in self.allgather_text(f"{os.getpid()} {_host_key()}",
                                                               step, bound_s)]
         pids = [int(pid) for pid, _ in pairs]
@@ -169,10 +192,11 @@ class Watch:
         """Send each other member of each group this rank's final count of it (nonblocking,
         on the control communicator; small enough to leave at once). Read by the members'
         watchdogs (``_stray``); ``world_n`` numbers the world (``worlds``)."""
-        control, me = self.control, MPI.COMM_WORLD.Get_rank()
+        control, me = self.control, self.rank
         for name, (members, calls) in counts.items():
             body = np.frombuffer(f"{world_n} {calls} {name}".encode(), dtype=np.uint8)
-            self._told += [(control.Isend(body, r, _ENDED), body) for r in members if r != me]
+            self._told += [(control.Isend(body, self._place[r], _ENDED), body)
+                           for r in members if r != me and r in self._place]
 
     def allgather_text(self, text: str, step: str, bound_s: float) -> list[str]:
         """Every rank's ``text`` in rank order. One all-gather of fixed slots when every text
@@ -215,14 +239,14 @@ class Watch:
         """Ask the other members what they are doing (the watchdog of each answers, even in
         the user's own code); those in another call, or not answering, are named. Runs on
         the watchdog thread."""
-        me = MPI.COMM_WORLD.Get_rank()
-        group: Sequence[int] = range(self.control.Get_size()) if members is None else members
+        me = self.rank
+        group: Sequence[int] = self.job_ranks if members is None else members
         if len(group) > QUERY_LIMIT:
             return MpiWaitError(f"the other members of a group of {len(group)} did "
                                 "not answer (groups this large are not asked who is missing)",
                                 None)
-        others = [r for r in group if r != me]
-        sends = [self.control.Isend(_ONE, r, _QUERY) for r in others]
+        others = [r for r in group if r != me and r in self._place]
+        sends = [self.control.Isend(_ONE, self._place[r], _QUERY) for r in others]
         answers: dict[int, str] = {}
         status = MPI.Status()
         deadline = time.monotonic() + SETTLE_S
@@ -231,7 +255,7 @@ class Watch:
             while self.control.Iprobe(MPI.ANY_SOURCE, _ANSWER, status):
                 body = bytearray(status.Get_count(MPI.BYTE))
                 self.control.Recv(body, status.Get_source(), _ANSWER)
-                answers[status.Get_source()] = body.decode()
+                answers[self.job_ranks[status.Get_source()]] = body.decode()
             answering = self._service(answering)  # the others ask this rank meanwhile
             time.sleep(0.01)
         MPI.Request.Testall(sends)
@@ -258,14 +282,15 @@ class Watch:
         progress (``self.call``) waits for a rank that left, or past its bound, say why
         and abort the job (a blocking MPI call cannot be interrupted)."""
         sends: list[tuple[Any, Any]] = []
-        me = MPI.COMM_WORLD.Get_rank()
-        control_works = True
+        me = self.rank
         try:
             while not self._stop.wait(LOOK_S) and not MPI.Is_finalized():  # by the user, say
-                try:
-                    sends = self._service(sends) if control_works else []
-                except MPI.Exception:  # a failed process (ULFM): the main thread's call
-                    control_works = False  # says so; only the timeout is watched from now
+                with self._lock:
+                    try:
+                        sends = self._service(sends) if self.control_works else []
+                    except MPI.Exception:  # a failed process (ULFM): the main thread's call
+                        self.control_works = False  # says so; until a rebase, only the
+                        sends = []  # timeout is watched
                 call = self.call
                 if call is None:
                     continue
@@ -290,7 +315,7 @@ class Watch:
                                "never make: they have ended)")
                     continue
                 elif time.monotonic() - since > bound_s:
-                    err = (self._who_is_missing(members) if control_works else MpiWaitError(
+                    err = (self._who_is_missing(members) if self.control_works else MpiWaitError(
                         "the control messages failed, so nobody was asked", None)
                            ).ours(where, bound_s)
                 else:
@@ -314,7 +339,7 @@ class Watch:
         first = self._stray_seen.setdefault(group.name, time.monotonic())
         if len(heard) < group.size() - 1 and time.monotonic() - first < SETTLE_S:
             return None
-        by_count: dict[int, list[int]] = {mine: [MPI.COMM_WORLD.Get_rank()]}
+        by_count: dict[int, list[int]] = {mine: [self.rank]}
         for rank, calls in heard.items():
             by_count.setdefault(calls, []).append(rank)
         return CallMismatchError(group.label, by_count)
@@ -325,13 +350,13 @@ class Watch:
         control, status = self.control, MPI.Status()
         while control.Iprobe(MPI.ANY_SOURCE, _LEFT, status):
             control.Recv(np.zeros(1, dtype=np.uint8), status.Get_source(), _LEFT)
-            self._left.add(status.Get_source())
+            self._left.add(self.job_ranks[status.Get_source()])
         while control.Iprobe(MPI.ANY_SOURCE, _ENDED, status):
             body = bytearray(status.Get_count(MPI.BYTE))
             control.Recv(body, status.Get_source(), _ENDED)
             world_n, calls, name = body.decode().split(" ", 2)
             if int(world_n) == self.worlds:  # an older world's are too late
-                self._ended.setdefault(name, {})[status.Get_source()] = int(calls)
+                self._ended.setdefault(name, {})[self.job_ranks[status.Get_source()]] = int(calls)
         while control.Iprobe(MPI.ANY_SOURCE, _QUERY, status):
             control.Recv(np.zeros(1, dtype=np.uint8), status.Get_source(), _QUERY)
             call = self.call
@@ -357,9 +382,9 @@ class Watch:
         def abort_on_error(kind: type[BaseException], value: BaseException, tb: Any) -> None:
             previous(kind, value, tb)
             # nobody waits for a 1-rank world; an interactive session goes on after an error
-            if MPI.Is_finalized() or MPI.COMM_WORLD.Get_size() == 1 or hasattr(sys, "ps1"):
+            if MPI.Is_finalized() or self.control.Get_size() == 1 or hasattr(sys, "ps1"):
                 return
-            rank = MPI.COMM_WORLD.Get_rank()
+            rank = self.rank
             _abort(f"rank {rank} ended with an uncaught {kind.__name__} (so that no rank "
                    "waits for it)")
 
@@ -369,9 +394,9 @@ class Watch:
     def _at_exit(self) -> None:
         if MPI.Is_finalized():
             return
-        rank = MPI.COMM_WORLD.Get_rank()
+        rank = self.rank
         try:
-            self._exit_meeting(rank)
+            self._exit_meeting(self.control.Get_rank())
         except MpiWaitError as err:
             _abort(f"rank {rank} at the end of its script: {err.words}")
         self._stop.set()  # no thread may call MPI while it finalizes
@@ -379,7 +404,8 @@ class Watch:
         self._service([])  # late notices and queries, so that none is left unread
 
     def _exit_meeting(self, rank: int) -> None:
-        """Meet every rank at rank 0 before MPI's finalize (which waits for all, forever).
+        """Meet every rank at control rank 0 (``rank``: this one's) before MPI's finalize
+        (which waits for all, forever).
 
         A rank still here after EXIT_GRACE_S tells every rank that it has left; a meeting
         that lasts the timeout names the ranks that never came.
@@ -411,14 +437,15 @@ class Watch:
             time.sleep(0.001)
             waited = time.monotonic() - began
             if not told and waited > EXIT_GRACE_S:
-                me = MPI.COMM_WORLD.Get_rank()
+                me = self.control.Get_rank()
                 told = [self.control.Isend(_ONE, r, _LEFT)
                         for r in range(self.control.Get_size()) if r != me]
             if waited > self.exit_bound_s + (0 if arrivals is not None else 2 * SETTLE_S):
                 if arrivals is None:
                     raise MpiWaitError(f"waited {waited:.0f} s for rank 0 to see "
                                        "every rank end", None)
-                missing = [r for r, q in zip(arrivals, requests, strict=True) if not q.Test()]
+                missing = [self.job_ranks[r] for r, q in zip(arrivals, requests, strict=True)
+                           if not q.Test()]
                 raise MpiWaitError(f"waited {waited:.0f} s for {rank_words(missing)}"
                                    ", which never ended (hung, or still busy)", missing)
         return told
@@ -427,15 +454,21 @@ class Watch:
 _WATCH: Watch | None = None  # this process's, from its first world on (MPI starts once)
 
 
-def joined(step: str, bound_s: float) -> Watch:
+def joined(step: str, bound_s: float, base: Any = None, job_ranks: Sequence[int] | None = None
+           ) -> Watch:
     """This process's watch, serving a world that joins now, bounded by ``bound_s``. The
-    first world starts it: the control communicator, the watchdog thread, the abort-on-error
-    hook, the exit meeting and (under MPICH) the host-mates."""
+    first world starts it: the control communicator (a duplicate of ``base``, COMM_WORLD
+    unless this process was spawned into a running job, whose control ranks are the job
+    ranks ``job_ranks``), the watchdog thread, the abort-on-error hook, the exit meeting and
+    (under MPICH) the host-mates."""
     global _WATCH
     if _WATCH is None:
-        control, request = MPI.COMM_WORLD.Idup()
-        _poll(request, step, bound_s)
-        _WATCH = Watch(control, bound_s)
+        if base is None:
+            control, request = MPI.COMM_WORLD.Idup()
+            _poll(request, step, bound_s)
+        else:  # blocking, as the spawners' Dup of it (MPI pairs no blocking call with an I-call)
+            control = base.Dup()
+        _WATCH = Watch(control, bound_s, job_ranks)
         _WATCH._hook()
         _WATCH._meet_mates(step, bound_s)
     _WATCH.open_world(bound_s)
@@ -484,7 +517,8 @@ def _abort(why: str) -> None:
     print(f"tensorplay.distributed: {why.rstrip('.')}; aborting the MPI job (MPI_Abort)",
           file=sys.stderr, flush=True)
     time.sleep(ABORT_PAUSE_S)
-    MPI.COMM_WORLD.Abort(1)
+    # every process of the job now: a process spawned into it has a COMM_WORLD of its own
+    (MPI.COMM_WORLD if _WATCH is None else _WATCH.control).Abort(1)
     os._exit(1)
 
 

@@ -133,11 +133,15 @@ class Capabilities:
 class Started:
     """What ``Engine.start`` and ``adopt`` return: the engine's group of the whole world, its
     store (None without one), and ``engine``, the engine as this world runs it (``Joined``),
-    which keeps this world's state so that the registry's engine keeps none."""
+    which keeps this world's state so that the registry's engine keeps none. ``rank`` and
+    ``size``, on a process the engine started into a running job (a replacement, ``Shrinks``):
+    its job rank and the job's size, in place of what its launcher's variables say."""
 
     world_group: Any
     store: Store | None
     engine: Joined
+    rank: int | None = None
+    size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -404,4 +408,49 @@ class GathersText(Protocol):
         (the group's world ranks, this rank's calls on it). Tell the other members now,
         without waiting for them: a member blocked in a call on that group whose number is
         higher knows it is a stray call that nobody will pair, and says so at once."""
+        ...
+
+
+@runtime_checkable
+class Shrinks(Protocol):
+    """Capability: the engine's own fault tolerance shrinks a world in place and grows it back
+    (MPI under Open MPI's ULFM): the survivors of a loss agree on who is left by the engine's
+    agreement, with no store, and the engine starts the replacements itself. Ranks keep the
+    numbers they had at the start (a job rank), whatever their place in the engine's shrunk
+    communicators. An elastic mesh on such an engine uses these calls in place of a Board
+    (``elastic/shrinking.py``); all but ``shrink_refused`` and ``spawned_note`` are collective
+    over the ranks present.
+
+    8 ranks, rank 5 SIGKILLed: ``shrink()`` on each of the 7 others returns [5] and leaves a
+    world of 7 ranks numbered 0-4, 6, 7; ``spawn([5], note)`` starts one process, which is
+    rank 5 again, and hands it ``note``."""
+
+    def shrink_refused(self) -> tuple[str, str] | None:
+        """(why this world cannot shrink: an MPI without working fault tolerance, or one
+        started without it, naming the library and the flag it needs; the fix), or None."""
+        ...
+
+    def present(self) -> list[int]:
+        """The job ranks of the processes in this world now, ascending."""
+        ...
+
+    def shrink(self, step: str) -> list[int]:
+        """Break every communicator of this world (a rank blocked in one fails at once, as
+        on a revoke), agree with the other survivors on who is left and continue on them;
+        the lost job ranks, the same on every survivor."""
+        ...
+
+    def poll(self, flag: int, step: str) -> int | None:
+        """One reduction of ``flag`` over the ranks present: the largest flag, or None when a
+        rank present left the job (its script ended) while this one waited."""
+        ...
+
+    def spawn(self, ranks: Sequence[int], note: str, step: str) -> None:
+        """Start one process per job rank in ``ranks`` (this script again, its arguments and
+        working directory), merged into this world as those ranks; each reads ``note``
+        (``spawned_note``)."""
+        ...
+
+    def spawned_note(self) -> str | None:
+        """On a process ``spawn`` started: the note its spawners sent; else None."""
         ...

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..backends.protocol import Severable
+from ..backends.protocol import Severable, Shrinks
 from ..control import keys
 from ..control.plane import Board
 from ..errors import DistributedTimeoutError, ShrinkError
@@ -88,16 +88,23 @@ def board_of(world: World) -> Board:
     return control
 
 
-def elastic_refused(world: World) -> str | None:
-    """Why ``world`` cannot hold an elastic mesh, or None: the survivors of a loss agree on a
-    board any rank reads at any time (a store; a control plane in step only, MPI's, has none),
-    and a recovery breaks the groups of the failed epoch (a ``Severable`` engine)."""
+def elastic_refused(world: World) -> tuple[str, str] | None:
+    """(why ``world`` cannot hold an elastic mesh; the fix), or None: the survivors of a loss
+    agree on a board any rank reads at any time (a store; a control plane in step only has
+    none), and a recovery breaks the groups of the failed epoch (a ``Severable`` engine); or
+    the engine shrinks its own world (``Shrinks``: ``elastic/shrinking.py``) and says whether
+    this job can."""
+    fix = "use backend 'gloo' or 'nccl' for an elastic mesh"
+    if isinstance(world.engine, Shrinks):
+        refused = world.engine.shrink_refused()
+        return None if refused is None else (
+            f"needs the engine's fault tolerance: {refused[0]}", refused[1])
     if not isinstance(world.control, Board):
         return (f"needs a store where the survivors agree; the {world.engine.name} engine has "
-                "none (its control plane runs in step only)")
+                "none (its control plane runs in step only)"), fix
     if not isinstance(world.engine, Severable):
         return (f"needs an engine that can break its groups in a recovery; the "
-                f"{world.engine.name} engine cannot")
+                f"{world.engine.name} engine cannot"), fix
     return None
 
 

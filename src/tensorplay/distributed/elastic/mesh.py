@@ -61,7 +61,7 @@ from ..job.world import World
 from ..mesh.groups import laid_out, make_groups
 from ..mesh.parts import MeshParts
 from ..mesh.value import DeviceMesh, not_elastic
-from . import chain
+from . import chain, shrinking
 from .chain import Elastic
 from .session import Session, session_of
 from .survivors import agree_lost
@@ -172,9 +172,10 @@ def init(world: World, device: str, shape: tuple[int, ...], names: tuple[str, ..
     admit it to (its peers are far past the cross-rank check, so it skips it)."""
     refused = chain.elastic_refused(world)
     if refused is not None:
-        raise bad_argument("elastic", given, refused,
-                           "use backend 'gloo' or 'nccl' for an elastic mesh")
-    joining = wire.rank_restart_count() > 0
+        raise bad_argument("elastic", given, *refused)
+    shrinks = shrinking.engine_of(world) is not None
+    spawned = shrinking.admitted(world)
+    joining = spawned is not None if shrinks else wire.rank_restart_count() > 0
     if not joining:
         agree(world, "init_device_mesh()", {
             "device_type": device, "mesh_shape": shape, "mesh_dim_names": names,
@@ -184,12 +185,15 @@ def init(world: World, device: str, shape: tuple[int, ...], names: tuple[str, ..
     spec = laid_out(world, device, shape, names, host_aware)
     plan = Elastic(replicas[0], replicas[1], shape, tuple(spec.ranks().tolist()),
                    own_groups=eager[0])
-    world.engine.prepare_elastic()  # type: ignore[attr-defined]  # Severable: refused above
+    if not shrinks:
+        world.engine.prepare_elastic()  # type: ignore[attr-defined]  # Severable: refused above
     session = session_of(world)
     session.shape = shape
     parts = ElasticParts(world, device, spec, spec, backends, (),
                          roles if roles is not None else (None,) * spec.ndim, eager[1],
                          plan, session)
+    if spawned is not None:  # spawned into the job: the epoch its spawners opened for it
+        return enter(world, ElasticMesh.of(parts), plan, spawned, kind="join")
     if joining:  # a mesh of no groups, never used: it carries the device, names, backends
         return join(world, ElasticMesh.of(parts), plan)
     return ElasticMesh.of(replace(parts, groups=make_groups(world, spec, backends, eager[0])))
@@ -245,6 +249,11 @@ def recover(mesh: ElasticMesh, err: BaseException, *, wait_s: float | None = Non
             f"recover(): rank {world.rank} is a spare, not in the mesh of epoch {plan.epoch}. "
             f"Fix: a spare waits in mesh.grow() until its slice is filled again")
     started = time.monotonic()
+    if shrinking.engine_of(world) is not None:  # the engine's own agreement, no Board
+        world.close_epoch(f"was closed by the recovery after a failure in epoch {plan.epoch}")
+        _let_go(err)
+        return enter(world, mesh, plan, shrinking.after_loss(world, plan, spec), kind="shrink",
+                     agree_s=time.monotonic() - started)
     board = chain.board_of(world)
     waited = getattr(err, "waited_s", None)
     first = chain.recovering(board, plan.epoch, world.rank, waited)
@@ -305,6 +314,8 @@ def grow(mesh: ElasticMesh) -> DeviceMesh:
     (decided once per call for every member). On a spare: wait until admitted; MembersFinished
     (exit code 0) once the members finished without it."""
     plan, world = mesh.parts.plan, mesh.parts.world
+    if shrinking.engine_of(world) is not None:  # the engine's own agreement, no Board
+        return _grow_shrinking(world, mesh, plan)
     if mesh.spec.coordinate_of(world.rank) is None:
         decision = chain.await_admission(chain.board_of(world), world.rank, token(),
                                             plan.epoch, world.timeout.total_seconds())
@@ -317,6 +328,18 @@ def grow(mesh: ElasticMesh) -> DeviceMesh:
         return mesh
     decision = chain.next_of(board, plan.epoch, grown)
     return enter(world, mesh, plan, decision, kind="grow", agree_s=time.monotonic() - started)
+
+
+def _grow_shrinking(world: World, mesh: ElasticMesh, plan: Elastic) -> DeviceMesh:
+    """grow() on an engine that shrinks its own world (``shrinking``): a member's poll, or a
+    spare's wait; the grown mesh, this one, or MembersFinished."""
+    started = time.monotonic()
+    if mesh.spec.coordinate_of(world.rank) is None:
+        return enter(world, mesh, plan, shrinking.await_admission(world, plan), kind="join")
+    grown = shrinking.poll(world, plan)
+    if grown is None:
+        return mesh
+    return enter(world, mesh, plan, grown, kind="grow", agree_s=time.monotonic() - started)
 
 
 def join(world: World, like: ElasticMesh, plan: Elastic) -> ElasticMesh:
@@ -357,7 +380,8 @@ def enter(world: World, mesh: ElasticMesh, plan: Elastic, decision: dict[str, An
     world.open_epoch(decision["epoch"], present=decision["ranks"])
     session = mesh.parts.session
     session.entered(decision)
-    joined = bool(decision.get("fresh")) and world.rank in decision["ranks"]
+    joined = (bool(decision.get("fresh")) and world.rank in decision["ranks"]
+              and shrinking.engine_of(world) is None)  # the engine's spawn: all arrived
     try:  # a fresh rank lost on the way in, or as the groups are made (each within ENTER_S)
         never = chain.enter_together(chain.board_of(world), decision, world.rank,
                                      lambda: _seen_dead(world)) if joined else []

@@ -31,6 +31,7 @@ from ..control import keys
 from ..host import knobs, wire
 from ..host.wire import Recovery
 from ..job.watch import reported
+from . import shrinking
 from .chain import board_of, finish
 
 if TYPE_CHECKING:
@@ -55,7 +56,8 @@ class Session:
         self._watcher_died: tuple[BaseException, float] | None = None  # (error, when)
         world.epochs.at_destroy(self.finish)
         world.epochs.expect_losses(FIX_ELASTIC)
-        self._watch()
+        if shrinking.engine_of(world) is None:  # a shrinking engine revokes; nothing to watch
+            self._watch()
 
     def entered(self, decision: dict[str, Any]) -> None:
         """This rank entered the epoch ``decision`` opens: its shape is the newest, and the
@@ -92,6 +94,9 @@ class Session:
         mesh, which does not hold them, and leave."""
         world = self._world
         if self.shape is None or world.rank not in world.members():
+            return
+        if shrinking.engine_of(world) is not None:
+            shrinking.finish(world, world.spmd.epoch)
             return
         with suppress(StoreFailed):  # the store is gone: nobody waits on it to join
             finish(board_of(world), world.spmd.epoch, self.shape, list(world.members()))

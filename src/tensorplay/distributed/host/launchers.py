@@ -428,3 +428,9 @@ def agent_store_attempt(environ: Mapping[str, str] | None = None) -> int | None:
         return None
     restarts = value(env, TORCHELASTIC_RESTART_COUNT)
     return 0 if restarts is None else as_int(TORCHELASTIC_RESTART_COUNT, restarts, 0)
+
+
+def open_mpi_setting(name: str, environ: Mapping[str, str] | None = None) -> str:
+    """An Open MPI setting its mpiexec hands every rank (``OMPI_MCA_<name>``: ``--with-ft
+    ulfm`` sets ``mpi_ft_enable`` to 1, ``--mca btl tcp,self`` sets ``btl``), "" when unset."""
+    return environ_of(environ).get(f"OMPI_MCA_{name}", "")

@@ -104,6 +104,8 @@ def init_process_group(
     started = engine.start(
         backend, init_method, rank=rank, world_size=world_size, timeout=wait, master=master
     )
+    if started.rank is not None and started.size is not None:  # a replacement the engine spawned
+        rank, world_size = started.rank, started.size
     _join(World(rank, world_size, backend, wait, started.engine, started.store,
                 world_group=started.world_group, strict=strict), progress_s)
 
