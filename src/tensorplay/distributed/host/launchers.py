@@ -430,6 +430,12 @@ def agent_store_attempt(environ: Mapping[str, str] | None = None) -> int | None:
     return 0 if restarts is None else as_int(TORCHELASTIC_RESTART_COUNT, restarts, 0)
 
 
+# what Open MPI's mpiexec needs for an elastic mesh (docs/elastic.md): its fault tolerance on,
+# transports that report a lost peer, and the in-band detector that finds a stopped rank
+OPEN_MPI_ULFM_FLAGS = ("--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca",
+                       "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true")
+
+
 def open_mpi_setting(name: str, environ: Mapping[str, str] | None = None) -> str:
     """An Open MPI setting its mpiexec hands every rank (``OMPI_MCA_<name>``: ``--with-ft
     ulfm`` sets ``mpi_ft_enable`` to 1, ``--mca btl tcp,self`` sets ``btl``), "" when unset."""

