@@ -549,8 +549,10 @@ def _abort(why: str) -> None:
     print(f"tensorplay.distributed: {why.rstrip('.')}; aborting the MPI job (MPI_Abort)",
           file=sys.stderr, flush=True)
     time.sleep(ABORT_PAUSE_S)
-    # every process of the job now: a process spawned into it has a COMM_WORLD of its own
-    (MPI.COMM_WORLD if _WATCH is None else _WATCH.control).Abort(1)
+    # COMM_WORLD (MPICH's launcher then ends every process it started), but on a process
+    # spawned into the job (a COMM_WORLD of its own) the control communicator: every rank
+    spawned = _WATCH is not None and MPI.COMM_WORLD.Get_size() < _WATCH.control.Get_size()
+    (_WATCH.control if spawned and _WATCH is not None else MPI.COMM_WORLD).Abort(1)
     os._exit(1)
 
 
