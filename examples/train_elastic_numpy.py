@@ -1,8 +1,8 @@
 """Keep training when ranks die, on numpy arrays: the loop of train_elastic.py with no torch,
 the same on both engines.
 
-    mpiexec --with-ft ulfm --mca btl tcp,self --mca mpi_ft_detector true \
-        --mca mpi_ft_detector_thread true -n 8 python examples/train_elastic_numpy.py --kill 5@4
+    mpiexec --with-ft ulfm --mca btl tcp,self --mca async_mpi_finalize 1 -n 8 \
+        python examples/train_elastic_numpy.py --kill 5@4
     tensorplay-run --nproc-per-node 8 --max-restarts 1 examples/train_elastic_numpy.py --kill 5@4
 
 A linear model y = x @ W (W of 16 x 8, its rows split over the 4 "tp" ranks of a row, each
@@ -40,6 +40,8 @@ def parse_args() -> argparse.Namespace:
                    help="seconds each step lasts, standing in for compute (default 0.2)")
     p.add_argument("--kill", action="append", default=[], metavar="RANK@STEP",
                    help="that rank SIGKILLs itself as it starts that step (not a replacement)")
+    p.add_argument("--stop", action="append", default=[], metavar="RANK@STEP",
+                   help="for tests: that rank SIGSTOPs itself as it starts that step (hung)")
     p.add_argument("--die-in-recovery", type=int, action="append", default=[], metavar="RANK",
                    help="for tests: that rank SIGKILLs itself as it starts a recovery")
     p.add_argument("--min-replicas", type=int, default=1,
@@ -49,8 +51,9 @@ def parse_args() -> argparse.Namespace:
     a = p.parse_args()
     try:
         a.kills = {int(r): int(s) for r, s in (k.split("@") for k in a.kill)}
+        a.stops = {int(r): int(s) for r, s in (k.split("@") for k in a.stop)}
     except ValueError:
-        p.error(f"--kill takes RANK@STEP (e.g. 5@4), got {a.kill}")
+        p.error(f"--kill and --stop take RANK@STEP (e.g. 5@4), got {a.kill + a.stop}")
     return a
 
 
@@ -152,6 +155,9 @@ def main() -> int:
             if not replacement and a.kills.get(rank) == step:
                 say(f"rank {rank} kills itself at step {step + 1}", True)
                 os.kill(os.getpid(), signal.SIGKILL)
+            if not replacement and a.stops.get(rank) == step:
+                say(f"rank {rank} stops itself (SIGSTOP) at step {step + 1}", True)
+                os.kill(os.getpid(), signal.SIGSTOP)
             start = [t.copy() for t in state]
             time.sleep(a.step_s)
             loss = train_step(mesh, state[0], step)

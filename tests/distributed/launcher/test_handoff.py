@@ -255,8 +255,8 @@ def test_under_open_mpi_max_restarts_runs_the_job_with_its_fault_tolerance(tmp_p
                            tmp_path=tmp_path)
     handoff.check(args, parser, open_mpi=True)
     assert handoff.command(args, "python", open_mpi=True) == [
-        "mpiexec", "--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector",
-        "true", "--mca", "mpi_ft_detector_thread", "true", "-n", "1", "python", "job.py"]
+        "mpiexec", "--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "async_mpi_finalize",
+        "1", "-n", "1", "python", "job.py"]
     many = str((os.cpu_count() or 1) + 1)
     args, _ = checked("--nproc-per-node", many, "job.py", tmp_path=tmp_path)
     assert handoff.command(args, "python", open_mpi=True) == [

@@ -189,6 +189,7 @@ class MpiWorld(MpiEngine):
                                     world_comm.Get_size(), None)
         self._ranks, self._size, self._note = list(ranks), size, note
         self._place = {r: i for i, r in enumerate(self._ranks)}  # job rank -> its place
+        watch.before_finalize.append(self.destroy)  # after a failure, at exit (Watch)
 
     def new_group(self, name: str, ranks: Any, backend: str, timeout: timedelta,
                   desc: str, *, apart: bool = False) -> Any:
@@ -369,6 +370,7 @@ def _join_spawners(spawners: Any, step: str, bound_s: float) -> Started:
     ranks, told = mpi_ulfm.read_note(merged)
     facts = json.loads(told)
     watch = mpi_watch.joined(step, bound_s, base=merged, job_ranks=ranks)
+    watch.failed_over = True  # it joins a job that went on past a failure
     world = MpiWorld(watch, bound_s, merged, (ranks, facts["size"], facts["note"]))
     return Started(merged, None, world, rank=ranks[merged.Get_rank()], size=facts["size"])
 

@@ -7,9 +7,9 @@ support: yes") but active only under ``mpiexec --with-ft ulfm``, which sets
 working ULFM: mpi4py maps ``Shrink`` to a plain ``Comm_dup`` there), a "shrink" would silently
 keep the dead rank: ``refusal`` says which library and which flag instead. Measured here with
 the wheel (5.0.11), 4 ranks on one host: with the default transports the survivors of a
-SIGKILL hung; with ``--mca btl tcp,self`` they got ``ERR_PROC_FAILED`` within 30 ms; the
-in-band detector (``--mca mpi_ft_detector true``, its own thread, ``..._timeout 2``) found a
-SIGSTOPped rank in 1.7 s (the woken rank aborts itself: "reported dead by someone else").
+SIGKILL hung; with ``--mca btl tcp,self`` they got ``ERR_PROC_FAILED`` within 30 ms. The
+launch line (``host.launchers.OPEN_MPI_ULFM_FLAGS``) also drops finalize's fence, which hung
+after a failure (docs/elastic.md).
 
 A shrink: every communicator of the world revoked (a rank blocked in any of them fails with
 ``ERR_REVOKED``, so none waits for a peer that went on to the recovery), then ``Shrink`` of the

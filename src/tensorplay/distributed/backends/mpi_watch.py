@@ -112,6 +112,7 @@ class Watch:
         self.rank = self.job_ranks[control.Get_rank()]  # this process's job rank
         self.control_works = True  # False from a failure on it (ULFM) until the next rebase
         self.failed_over = False  # a world of this process went on past a failure (ULFM)
+        self.before_finalize: list[Callable[[], None]] = []  # the worlds' destroy, at exit
         self._lock = threading.Lock()  # the watchdog's turn on the control communicator
         self.call: tuple[str, Any, float, Sequence[int] | None, float] | None = None
         self.worlds = 0  # how many worlds this process joined (ended notices carry it)
@@ -239,6 +240,19 @@ class Watch:
         finally:
             self.call = None
 
+    def _asked(self, members: Sequence[int] | None) -> MpiWaitError:
+        """``_who_is_missing``, unless the control communicator failed (a process of it
+        failed, ULFM): then nobody can be asked, and the words say so."""
+        unasked = MpiWaitError("the control messages failed, so nobody was asked", None)
+        if not self.control_works:
+            return unasked
+        try:
+            with self._lock:
+                return self._who_is_missing(members)
+        except MPI.Exception:  # a failed process on it (ULFM): the others cannot be asked
+            self.control_works = False
+            return unasked
+
     def _who_is_missing(self, members: Sequence[int] | None) -> MpiWaitError:
         """Ask the other members what they are doing (the watchdog of each answers, even in
         the user's own code); those in another call, or not answering, are named. Runs on
@@ -319,9 +333,7 @@ class Watch:
                                "never make: they have ended)")
                     continue
                 elif time.monotonic() - since > bound_s:
-                    err = (self._who_is_missing(members) if self.control_works else MpiWaitError(
-                        "the control messages failed, so nobody was asked", None)
-                           ).ours(where, bound_s)
+                    err = self._asked(members).ours(where, bound_s)
                 else:
                     continue
                 if self.call is call:  # still in it
@@ -389,6 +401,13 @@ class Watch:
             if MPI.Is_finalized() or self.control.Get_size() == 1 or hasattr(sys, "ps1"):
                 return
             rank = self.rank
+            if self.failed_over:  # ULFM: the others see this rank fail, as any other loss
+                print(f"tensorplay.distributed: rank {rank} ended with an uncaught "
+                      f"{kind.__name__}; it leaves at once (exit code 1), so that the others "
+                      "see it fail (an abort hung here once the job had gone on past a "
+                      "failure)", file=sys.stderr, flush=True)
+                time.sleep(ABORT_PAUSE_S)  # mpiexec forwards what it printed first
+                os._exit(1)
             _abort(f"rank {rank} ended with an uncaught {kind.__name__} (so that no rank "
                    "waits for it)")
 
@@ -407,7 +426,19 @@ class Watch:
         self._stopped.wait(2 * LOOK_S + 1)
         self._service([])  # late notices and queries, so that none is left unread
         if self.failed_over:
+            self._free_before_finalize()
             _bound_finalize(rank)
+
+    def _free_before_finalize(self) -> None:
+        """Free every communicator of this process's worlds and the control one before MPI's
+        finalize, in a job that went on past a failure: Open MPI's finalize runs a barrier over
+        each communicator still spanning two jobs (the spawners' and a spawned one), which
+        crashed or hung here once a spawned rank's peers had finalized ("unable to reach each
+        other", SIGSEGV in ompi_dpm_dyn_finalize); freed, there is none to run. Every rank is
+        past the exit meeting, so nothing is in flight on them."""
+        for release in self.before_finalize:
+            release()
+        self.control.Free()
 
     def _exit_meeting(self, rank: int) -> None:
         """Meet every rank at control rank 0 (``rank``: this one's) before MPI's finalize
@@ -526,7 +557,7 @@ while time.monotonic() < end:
         sys.exit(0)
 print(f"tensorplay.distributed: rank {rank}: MPI's finalize did not return within {limit:g} s "
       "after the failure this job went on past (Open MPI's finalize after a ULFM failure, "
-      "docs/elastic.md); ending it (SIGKILL), so mpiexec reports this rank as killed",
+      "docs/elastic.md); ending it (SIGKILL): its work was done, every rank had met at the end",
       file=sys.stderr, flush=True)
 os.kill(pid, 9)
 """
@@ -535,9 +566,10 @@ os.kill(pid, 9)
 def _bound_finalize(rank: int) -> None:
     """Once the exit meeting is over in a job that went on past a failure: a watcher process
     that ends this one if MPI's finalize (mpi4py's, after this; no Python thread runs then)
-    has not returned within FINALIZE_S, saying so. Open MPI 5.0.11's finalize waited for ever
-    in 1 of 4 to 8 runs after a failure here, and in every run of 8 ranks after a spawn
-    (docs/elastic.md); mpiexec then reports the rank as killed instead of hanging."""
+    has not returned within FINALIZE_S, saying so. A backstop: with the communicators freed
+    (``_free_before_finalize``) and no finalize fence (``--mca async_mpi_finalize 1``) Open
+    MPI 5.0.11's finalize returned in every run here; without them it waited for ever in 1
+    of 4 to 8 runs after a failure, and so did the in-band failure detector's finalize."""
     subprocess.Popen([sys.executable, "-c", _BOUND_FINALIZE, str(os.getpid()), str(rank),
                       str(FINALIZE_S)], stdin=subprocess.DEVNULL, close_fds=True)
 
@@ -549,10 +581,11 @@ def _abort(why: str) -> None:
     print(f"tensorplay.distributed: {why.rstrip('.')}; aborting the MPI job (MPI_Abort)",
           file=sys.stderr, flush=True)
     time.sleep(ABORT_PAUSE_S)
-    # COMM_WORLD (MPICH's launcher then ends every process it started), but on a process
-    # spawned into the job (a COMM_WORLD of its own) the control communicator: every rank
-    spawned = _WATCH is not None and MPI.COMM_WORLD.Get_size() < _WATCH.control.Get_size()
-    (_WATCH.control if spawned and _WATCH is not None else MPI.COMM_WORLD).Abort(1)
+    # COMM_WORLD (MPICH's launcher then ends every process it started), but in a job that went
+    # on past a failure the control communicator, which holds every rank there is now (a
+    # spawned process has a COMM_WORLD of its own)
+    failed_over = _WATCH is not None and _WATCH.failed_over
+    (_WATCH.control if failed_over and _WATCH is not None else MPI.COMM_WORLD).Abort(1)
     os._exit(1)
 
 
