@@ -13,6 +13,8 @@ spawn it; under tensorplay-run the launcher restarts it) and ``sync_replicas`` c
 weights to the fresh ranks. A step that failed is done again from the weights before it, so the
 weights must equal one process's within 1e-9 at the end; exit 1 if not. ``--verbose`` prints
 each rank's pid at the start (for a test that kills one from outside) and each change of mesh.
+``--no-elastic --resume-from STEP`` is the other side of bench/recovery_mpi.py: a plain mesh
+whose loss ends the job, started again from the weights of step STEP (the checkpoint).
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ def parse_args() -> argparse.Namespace:
                    help="for tests: that rank SIGKILLs itself as it starts a recovery")
     p.add_argument("--min-replicas", type=int, default=1,
                    help="elastic_min: the fewest 'dp' replicas to go on with (default 1)")
+    p.add_argument("--no-elastic", action="store_true",
+                   help="a plain mesh: a lost rank ends the job (restart-the-world)")
+    p.add_argument("--resume-from", type=int, default=0, metavar="STEP",
+                   help="start from the weights after STEP steps (a checkpoint; default 0)")
     p.add_argument("--verbose", action="store_true",
                    help="every rank prints its pid, and the mesh at each recovery or growth")
     a = p.parse_args()
@@ -115,9 +121,11 @@ def main() -> int:
     a = parse_args()
     dist.init_process_group()
     rank = dist.get_rank()
+    elastic = {} if a.no_elastic else {"elastic": "dp", "elastic_min": a.min_replicas}
     mesh = init_device_mesh("cpu", (dist.get_world_size() // TP, TP), mesh_dim_names=("dp", "tp"),
-                            elastic="dp", elastic_min=a.min_replicas)
-    replacement = rank in mesh.fresh_ranks  # spawned, or restarted, into a running job
+                            **elastic)
+    # spawned, or restarted, into a running job
+    replacement = bool(elastic) and rank in mesh.fresh_ranks
 
     def say(text: str, everyone: bool = False) -> None:
         if mesh.get_coordinate() == [0, 0] or everyone:
@@ -125,10 +133,11 @@ def main() -> int:
 
     say(f"rank {rank} pid {os.getpid()}" + (" (a replacement)" if replacement else ""),
         a.verbose)
-    rows = len(np.array_split(np.arange(D_IN), TP)[mesh.get_local_rank("tp")])
-    state = [np.zeros((rows, D_OUT)), np.zeros(1, dtype=np.int64)]  # my rows of W, the step
+    rows = np.array_split(np.arange(D_IN), TP)[mesh.get_local_rank("tp")]
+    state = [reference(a.resume_from)[rows],  # my rows of W, the step
+             np.array([a.resume_from], dtype=np.int64)]
     before = [t.copy() for t in state]
-    sync, undo = bool(mesh.fresh_ranks), False
+    sync, undo = replacement or bool(elastic and mesh.fresh_ranks), False
     while True:
         try:
             if sync:  # new ranks in the mesh: they take the state of a replica that trained
@@ -146,7 +155,7 @@ def main() -> int:
             step = int(state[1][0])
             if step >= a.steps:
                 break
-            grown = mesh.grow()
+            grown = mesh.grow() if elastic else mesh
             if grown is not mesh:
                 mesh, sync = grown, True
                 say(f"mesh grew back to {mesh.shape} at epoch {mesh.epoch}; fresh ranks "
@@ -166,6 +175,8 @@ def main() -> int:
             say(f"step {step + 1}/{a.steps}  mesh {mesh.shape} epoch {mesh.epoch}  "
                 f"loss {loss:.6f}")
         except FAILURES as err:
+            if not elastic:
+                raise  # restart-the-world: the job ends here
             if rank in a.die_in_recovery and not replacement:
                 os.kill(os.getpid(), signal.SIGKILL)
             mesh = mesh.recover(err)

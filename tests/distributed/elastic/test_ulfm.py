@@ -124,6 +124,7 @@ def test_a_rank_killed_from_outside_the_others_shrink_grow_back_and_match(tmp_pa
         _await(log, r"^recovered: mesh \(1, 4\) at epoch 1, lost \[5\]", proc,
                timing.bound(1, 30))
         took = time.monotonic() - killed
+        _await(log, r"^step \d+/30  mesh \(1, 4\) epoch 1", proc, timing.guard(30))
         _await(log, r"^mesh grew back to \(2, 4\) at epoch 2; fresh ranks \[4, 5, 6, 7\]",
                proc, timing.guard(60))
         _await(log, r"^OK: matches single-process training", proc, timing.guard(120))
@@ -155,6 +156,21 @@ def test_a_stopped_rank_is_named_at_the_timeout_and_the_job_ends(tmp_path):
         text[-4000:]
     assert re.search(r"rank 5 did not answer|waits? in all_reduce\(\) on the 'tp' group "
                      r"\[4-7\]", text), text[-4000:]  # rank 5's row, or rank 5 itself
+
+
+@pytest.mark.parametrize(("faults", "lost"), [
+    (["--kill", "5@4", "--kill", "6@4"], "5, 6"),  # two ranks of one replica
+    (["--kill", "0@4"], "0"),  # rank 0
+    (["--kill", "5@4", "--die-in-recovery", "6"], "5, 6"),  # a second death in the recovery
+])
+def test_other_losses_are_recovered_and_grown_back_too(tmp_path, faults, lost):
+    log = tmp_path / "job.log"
+    with _job(log, *faults) as proc:
+        code = _wait(proc, timing.guard(120))
+    text = log.read_text(errors="replace")
+    assert code == 0, text[-4000:]
+    assert f"recovered: mesh (1, 4) at epoch 1, lost [{lost}]" in text, text[-4000:]
+    assert "OK: matches single-process training" in text, text[-4000:]
 
 
 def test_below_the_minimum_every_survivor_raises_shrink_error(tmp_path):

@@ -7,15 +7,16 @@ Open MPI's ULFM): the decisions that the chain of epochs makes on a Board elsewh
   blocked in any of them fails and comes to the recovery; ULFM's ``Shrink``: the same
   survivors on every one) gives the lost ranks; ``geometry.shrink`` removes their slices;
 - a grow poll: one reduction over every rank present (members, and spares waiting in
-  ``grow()``); when ranks are missing from the world the present ranks spawn them
+  ``grow()``); from the second poll of an epoch on (the first step after a loss trains at once,
+  on the shrunk mesh), when ranks are missing from the world the present ranks spawn them
   (``Shrinks.spawn``, which hands each the record), and the mesh grows back to full size;
 - the members' end (destroy_process_group): a last poll that tells the spares waiting in
   ``grow()`` to leave (MembersFinished); a spare also leaves when a member's script ends.
 
 Worked example, 8 ranks, (2, 4) ("dp", "tp"), elastic "dp", rank 5 SIGKILLed: the seven
 survivors' ``shrink`` returns [5]; epoch 1 is (1, 4) over [0, 1, 2, 3]; 4, 6, 7 are spares in
-``grow()``. At the members' next ``grow()`` the poll finds 1 of 8 ranks missing: the seven spawn
-one process, rank 5 again, and epoch 2 is (2, 4) with 4-7 fresh.
+``grow()``. The members train a step on (1, 4); at their next ``grow()`` the poll finds 1 of 8
+ranks missing: the seven spawn one process, rank 5 again, and epoch 2 is (2, 4) with 4-7 fresh.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ if TYPE_CHECKING:
     from ..job.world import World
     from .chain import Elastic
 
-_WAITING, _POLL, _FINISHED = 0, 1, 2  # what a rank brings to a grow poll (the largest wins)
+# what a rank brings to a grow poll (the largest wins): a spare waits; the members hold (their
+# first poll of an epoch), or poll (grow if ranks are missing), or have finished
+_WAITING, _HOLD, _POLL, _FINISHED = 0, 1, 2, 3
 
 
 def engine_of(world: World) -> Shrinks | None:
@@ -62,8 +65,9 @@ def poll(world: World, plan: Elastic) -> dict[str, Any] | None:
     """A member's grow poll: the record of the grown epoch (ranks missing from the world were
     spawned), or None when nothing is missing."""
     engine = _engine(world)
-    engine.poll(_POLL, f"grow(): the grow poll of epoch {plan.epoch}")
-    return _grown(world, engine, plan)
+    first = world.spmd.next("elastic-poll") == 1  # the same on every member (SPMD)
+    engine.poll(_HOLD if first else _POLL, f"grow(): the grow poll of epoch {plan.epoch}")
+    return None if first else _grown(world, engine, plan)
 
 
 def await_admission(world: World, plan: Elastic) -> dict[str, Any]:
@@ -74,6 +78,8 @@ def await_admission(world: World, plan: Elastic) -> dict[str, Any]:
         said = engine.poll(_WAITING, f"grow(): rank {world.rank} waiting to rejoin the mesh")
         if said is None or said == _FINISHED:
             return _finished(plan, "ended their script" if said is None else "finished")
+        if said == _HOLD:
+            continue
         grown = _grown(world, engine, plan)
         if grown is not None:
             return grown
