@@ -102,7 +102,9 @@ def _wait(proc: subprocess.Popen, limit_s: float) -> int:
     deadline = time.monotonic() + limit_s
     while proc.poll() is None:
         _WATCHED[proc.pid].update(procfs.descendants(proc.pid))
-        assert time.monotonic() < deadline, f"the job did not end within {limit_s:.0f} s"
+        assert time.monotonic() < deadline, (
+            f"the job did not end within {limit_s:.0f} s; processes left: "
+            f"{[(p, procfs.state(p), procfs.cmdline(p)) for p in _WATCHED[proc.pid]]}")
         time.sleep(0.1)
     return proc.returncode
 
@@ -176,6 +178,22 @@ def test_other_losses_are_recovered_and_grown_back_too(tmp_path, faults, lost):
     text = log.read_text(errors="replace")
     assert code == 0, text[-4000:]
     assert f"recovered: mesh (1, 4) at epoch 1, lost [{lost}]" in text, text[-4000:]
+    assert "OK: matches single-process training" in text, text[-4000:]
+
+
+def test_spares_left_waiting_leave_with_exit_0_when_the_members_finish(tmp_path):
+    """Rank 5 dies as the last step starts: the members do it on (1, 4) and finish before any
+    grow(); the spares 4, 6, 7 waiting in grow() get MembersFinished (exit code 0), and the
+    members' end-of-job checks are theirs alone: the job exits 0."""
+    log = tmp_path / "job.log"
+    with _job(log, "--steps", "6", "--kill", "5@5") as proc:
+        code = _wait(proc, timing.guard(120))
+    text = log.read_text(errors="replace")
+    assert code == 0, text[-4000:]
+    assert "step 6/6  mesh (1, 4) epoch 1" in text, text[-4000:]
+    for rank in (4, 6, 7):
+        assert (f"rank {rank} waited outside the elastic mesh, and the members finished at "
+                "epoch 1 without it: it ends (exit code 0)") in text, text[-4000:]
     assert "OK: matches single-process training" in text, text[-4000:]
 
 

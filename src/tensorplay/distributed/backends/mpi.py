@@ -291,6 +291,15 @@ class MpiWorld(MpiEngine):
     def spawned_note(self) -> str | None:
         return self._note
 
+    def part(self, ranks: Sequence[int], step: str) -> None:
+        """``Split`` the control communicator: ``ranks`` on one, the others on another (the
+        world's own communicator is kept: nothing more is made on it)."""
+        mine = self.watch.rank in ranks
+        side = sorted(r for r in self._ranks if (r in ranks) == mine)
+        control = self._ulfm(step, self.watch.control.Split, 0 if mine else 1,
+                             side.index(self.watch.rank))
+        self.watch.rebase(control, side).Free()
+
     def _retire(self, control: Any, made: list[Any], ranks: list[int]) -> None:
         """Free the old control communicator and this world's old communicators (revoked, or
         the epoch's that ends); go on with ``made`` and the job ranks ``ranks``."""

@@ -454,3 +454,9 @@ class Shrinks(Protocol):
     def spawned_note(self) -> str | None:
         """On a process ``spawn`` started: the note its spawners sent; else None."""
         ...
+
+    def part(self, ranks: Sequence[int], step: str) -> None:
+        """Split the ranks present in two, ``ranks`` and the others, each going on alone with
+        its own control plane: at the members' end, the spares that leave take no part in
+        the members' last checks (collective over the ranks present)."""
+        ...

@@ -11,7 +11,9 @@ Open MPI's ULFM): the decisions that the chain of epochs makes on a Board elsewh
   on the shrunk mesh), when ranks are missing from the world the present ranks spawn them
   (``Shrinks.spawn``, which hands each the record), and the mesh grows back to full size;
 - the members' end (destroy_process_group): a last poll that tells the spares waiting in
-  ``grow()`` to leave (MembersFinished); a spare also leaves when a member's script ends.
+  ``grow()`` to leave (MembersFinished), then the two part (``Shrinks.part``), so that the
+  members' end-of-job checks and exit meeting are theirs alone; a spare also leaves when a
+  member's script ends.
 
 Worked example, 8 ranks, (2, 4) ("dp", "tp"), elastic "dp", rank 5 SIGKILLed: the seven
 survivors' ``shrink`` returns [5]; epoch 1 is (1, 4) over [0, 1, 2, 3]; 4, 6, 7 are spares in
@@ -76,8 +78,11 @@ def await_admission(world: World, plan: Elastic) -> dict[str, Any]:
     engine = _engine(world)
     while True:
         said = engine.poll(_WAITING, f"grow(): rank {world.rank} waiting to rejoin the mesh")
-        if said is None or said == _FINISHED:
-            return _finished(plan, "ended their script" if said is None else "finished")
+        if said is None:
+            return _finished(plan, "ended their script")
+        if said == _FINISHED:  # the members' last poll: part from them, as they do
+            engine.part(world.members(), f"grow(): rank {world.rank} leaving the members")
+            return _finished(plan, "finished")
         if said == _HOLD:
             continue
         grown = _grown(world, engine, plan)
@@ -114,7 +119,9 @@ def finish(world: World, epoch: int) -> None:
     grow() that the members finished (only where some rank present is not a member)."""
     engine = _engine(world)
     if set(engine.present()) - set(world.members()):
-        engine.poll(_FINISHED, f"destroy_process_group(): the members' end of epoch {epoch}")
+        step = f"destroy_process_group(): the members' end of epoch {epoch}"
+        engine.poll(_FINISHED, step)
+        engine.part(world.members(), step)  # the end-of-job checks: the members only
 
 
 def _finished(plan: Elastic, how: str) -> dict[str, Any]:
