@@ -54,6 +54,7 @@ from ..errors import (
     DistributedError,
     DistributedTimeoutError,
     RankFailedError,
+    ShrinkError,
     rank_words,
 )
 from ..host import knobs, launchers, procfs
@@ -402,6 +403,8 @@ class Watch:
             if MPI.Is_finalized() or self.control.Get_size() == 1 or hasattr(sys, "ps1"):
                 return
             rank = self.rank
+            if self.failed_over and issubclass(kind, ShrinkError):
+                return  # raised on every survivor alike: they all meet at exit, exit code 1
             if self.failed_over:  # ULFM: the others see this rank fail, as any other loss
                 print(f"tensorplay.distributed: rank {rank} ended with an uncaught "
                       f"{kind.__name__}; it leaves at once (exit code 1), so that the others "
