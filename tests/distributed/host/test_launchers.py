@@ -6,11 +6,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from tensorplay.distributed.errors import LaunchEnvError
 from tensorplay.distributed.host import launchers
@@ -20,7 +17,6 @@ from tensorplay.distributed.host.launchers import (
     Launcher,
     agent_store_attempt,
     detect,
-    first_host,
     local_rank_from_env,
 )
 
@@ -411,65 +407,6 @@ def test_local_rank_from_env(env, expected):
 def test_local_rank_from_env_rejects_garbage():
     with raises_naming("LOCAL_RANK='gpu0'"):
         local_rank_from_env({"LOCAL_RANK": "gpu0"})
-
-
-# --- Slurm node lists ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("nodelist", "expected"),
-    [
-        ("node[01-04,07],gpu5", "node01"),
-        ("a1,b2", "a1"),
-        ("host-[3-5]-ib", "host-3-ib"),
-        ("single", "single"),
-        ("nid[000123]", "nid000123"),
-        ("gpu[7,1-3]", "gpu7"),
-        ("rack[2-3]-node[010-012],login", "rack2-node010"),
-        ("n[0009-0011]", "n0009"),
-        ("cpu12,gpu[01-02]", "cpu12"),
-        ("10.1.2.[5-6]", "10.1.2.5"),
-    ],
-)
-def test_first_host(nodelist, expected):
-    assert first_host(nodelist) == expected
-
-
-@pytest.mark.parametrize("nodelist", ["", ",a1", "node[01-04", "node]1", "node[a-b]", "n[[1]]"])
-def test_first_host_rejects_malformed(nodelist):
-    with pytest.raises(ValueError):
-        first_host(nodelist)
-
-
-def expand(nodelist: str) -> list[str]:
-    """Reference expansion of a Slurm node list, written for clarity, not speed."""
-    hosts: list[str] = []
-    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", nodelist):
-        pieces = [""]
-        for text, body in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", item):
-            options = [""]
-            if body:
-                options = []
-                for part in body.split(","):
-                    lo, _, hi = part.partition("-")
-                    hi = hi or lo
-                    options += [str(n).zfill(len(lo)) for n in range(int(lo), int(hi) + 1)]
-            pieces = [p + text + o for p in pieces for o in options]
-        hosts += pieces
-    return hosts
-
-
-ranges = st.tuples(st.integers(0, 500), st.integers(0, 3), st.integers(1, 4)).map(
-    lambda t: f"{t[0]:0{t[2]}d}" + (f"-{t[0] + t[1]:0{t[2]}d}" if t[1] else "")
-)
-words = st.text("abcxyz-.", min_size=1, max_size=5).filter(lambda w: not w[0].isdigit())
-groups = st.lists(ranges, min_size=1, max_size=3).map(lambda rs: "[" + ",".join(rs) + "]")
-hosts = st.lists(st.one_of(words, groups), min_size=1, max_size=4).map("".join)
-
-
-@given(st.lists(hosts, min_size=1, max_size=4).map(",".join))
-def test_first_host_matches_reference_expansion(nodelist):
-    assert first_host(nodelist) == expand(nodelist)[0]
 
 
 def test_torchrun_agent_store_attempt():

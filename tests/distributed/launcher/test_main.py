@@ -301,6 +301,29 @@ def test_signal_to_launcher_stops_every_child(tmp_path, sig, code):
     assert_all_gone(pids)
 
 
+def test_sigusr1_to_the_launcher_reaches_every_rank_and_the_job_goes_on(tmp_path):
+    job = script(tmp_path, """
+        warned = []
+        signal.signal(signal.SIGUSR1, lambda *_: warned.append(time.monotonic()))
+        write_pid()
+        deadline = time.monotonic() + 60
+        while not warned and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (HERE / f"warned_{RANK}").write_text(str(bool(warned)))
+    """)
+    launcher = subprocess.Popen([*LAUNCHER, "--nproc-per-node", "2", str(job)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        read_pids(tmp_path, 2, launcher=launcher)
+        launcher.send_signal(signal.SIGUSR1)
+        _, err = timing.communicate(launcher, 20)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, err
+    assert "got SIGUSR1; passed it to ranks 0-1; the job goes on." in err
+    assert [(tmp_path / f"warned_{r}").read_text() for r in (0, 1)] == ["True", "True"]
+
+
 # ----------------------------------------------------------------------------- usage errors
 
 

@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import LaunchEnvError
+from .slurm import first_host
 
 RANK = "RANK"
 WORLD_SIZE = "WORLD_SIZE"
@@ -162,33 +163,6 @@ def _master_port(env: Mapping[str, str]) -> int | None:
             f" {MASTER_PORT} to a free port such as 29500."
         )
     return int(text)
-
-
-def first_host(nodelist: str) -> str:
-    """First host of a Slurm compressed node list: 'node[01-04,07],gpu5' -> 'node01'."""
-    out: list[str] = []
-    i = 0
-    while i < len(nodelist) and nodelist[i] != ",":
-        ch = nodelist[i]
-        if ch == "]":
-            raise ValueError(f"']' at position {i} closes no '['")
-        if ch != "[":
-            out.append(ch)
-            i += 1
-            continue
-        end = nodelist.find("]", i)
-        body = nodelist[i + 1 : end]
-        if end < 0 or "[" in body:
-            raise ValueError(f"'[' at position {i} is not closed")
-        first = body.split(",", 1)[0].split("-", 1)[0].strip()
-        if not first.isdigit():
-            raise ValueError(f"'[{body}]' is not a list of numbers or ranges like 01-04")
-        out.append(first)
-        i = end + 1
-    host = "".join(out).strip()
-    if not host:
-        raise ValueError("no host before the first ','")
-    return host
 
 
 def _task_counts(name: str, text: str) -> list[int]:
@@ -326,12 +300,18 @@ class Slurm(Launcher):
             ) from None
 
     def master_port(self, env: Mapping[str, str]) -> int | None:
-        """MASTER_PORT, else one derived from SLURM_JOB_ID so that every task agrees."""
-        port = _master_port(env)
-        job_id = _int(env, SLURM_JOB_ID)
-        if port is not None or job_id is None:
-            return port
-        return SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN
+        """MASTER_PORT, else one derived from SLURM_JOB_ID (``slurm_port``)."""
+        return slurm_port(env)
+
+
+def slurm_port(env: Mapping[str, str]) -> int | None:
+    """MASTER_PORT, else one derived from SLURM_JOB_ID so that every task of the job agrees:
+    job 123456 -> 18456; None when neither is set."""
+    port = _master_port(env)
+    job_id = _int(env, SLURM_JOB_ID)
+    if port is not None or job_id is None:
+        return port
+    return SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN
 
 
 LAUNCHERS: tuple[Launcher, ...] = (

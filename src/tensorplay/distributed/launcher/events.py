@@ -9,6 +9,8 @@ matches them by type:
 - ``Recovered``: an elastic mesh changed epoch; what it cost (``host/wire.py``'s ``Recovery``),
   sent by the new mesh's first rank (again once it synced the fresh ranks);
 - ``Signal``: SIGINT or SIGTERM reached the launcher;
+- ``Notice``: SIGUSR1 or SIGUSR2 reached it: a warning, such as Slurm's ``--signal=USR1@60``
+  sixty seconds before the time limit; the job goes on;
 - ``Verdict`` (``verdicts.Verdict``): the job stopped elsewhere (a node lost, a failure on
   another node, the store could not be served);
 - ``NodeChange`` (``roster.NodeChange``, elastic mode): a node was lost, or taken back by a
@@ -33,8 +35,8 @@ from .rank_ends import RankReport
 from .roster import NodeChange
 from .verdicts import Verdict
 
-__all__ = ["Beat", "Event", "Events", "Exit", "NodeChange", "Recovered", "Report", "Signal",
-           "Verdict", "from_report_line"]
+__all__ = ["Beat", "Event", "Events", "Exit", "NodeChange", "Notice", "Recovered", "Report",
+           "Signal", "Verdict", "from_report_line"]
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,14 @@ class Signal:
     signum: int
 
 
-Event = Exit | Report | Beat | Recovered | Signal | Verdict | NodeChange
+@dataclass(frozen=True)
+class Notice:
+    """The launcher got SIGUSR1 or SIGUSR2 (``signum``): a warning to pass on, not a stop."""
+
+    signum: int
+
+
+Event = Exit | Report | Beat | Recovered | Signal | Notice | Verdict | NodeChange
 Events = queue.SimpleQueue[Event]  # reentrant: the launcher's signal handlers may put too
 
 

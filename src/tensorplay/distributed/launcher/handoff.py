@@ -40,6 +40,7 @@ MPIEXEC = "mpiexec"
 INSTALL = 'pip install -e ".[mpi]" in a checkout, or pip install "tensorplay-distributed[mpi]"'
 # flags with no meaning under mpiexec that change nothing a job sees: accepted as they are
 HARMLESS = frozenset({"nproc_per_node", "module", "script", "script_args", "no_warm", "preload"})
+ONE_NODE = {"nnodes": 1, "node_rank": 0}  # what ``slurm_step.fill`` leaves outside an srun step
 
 
 def needed() -> bool:
@@ -117,7 +118,7 @@ def check(a: argparse.Namespace, parser: argparse.ArgumentParser, open_mpi: bool
             f"start the whole job once, from one machine, with MPI's launcher: mpiexec -n {n} "
             f"-hosts {','.join(hosts)} python {shlex.join(target(a))} (docs/engines.md)")
     for dest in sorted(vars(a)):
-        if dest in HARMLESS or getattr(a, dest) == parser.get_default(dest):
+        if dest in HARMLESS or getattr(a, dest) == ONE_NODE.get(dest, parser.get_default(dest)):
             continue
         if dest == "max_restarts" and open_mpi:
             continue  # an elastic job: Open MPI's fault tolerance keeps it going

@@ -31,13 +31,14 @@ from contextlib import suppress
 from pathlib import Path
 
 from ..errors import rank_words
-from ..host import knobs, wire
+from ..host import knobs, slurm, wire
 from .events import (
     Beat,
     Event,
     Events,
     Exit,
     NodeChange,
+    Notice,
     Recovered,
     Report,
     Signal,
@@ -261,6 +262,9 @@ class Job:
             if isinstance(event, NodeChange):
                 self.note_change(event, running)
                 continue
+            if isinstance(event, Notice):
+                self.pass_on(event, running)
+                continue
             if isinstance(event, Verdict):
                 self.verdict = event
                 if stop_at is None:
@@ -357,6 +361,21 @@ class Job:
                   for c in self.node_changes if c.kind == "lost"]
         with suppress(OSError):
             wire.write(path, losses)
+
+    def pass_on(self, notice: Notice, running: set[int]) -> None:
+        """SIGUSR1/SIGUSR2 to the launcher: pass it to the running ranks' process groups, as
+        a warning they may act on (save a checkpoint). Not inside an srun step: Slurm's
+        ``--signal`` (and ``scancel --signal``) signals every process of the step itself, so
+        the ranks have it already and a second one would reach them twice."""
+        name = signal.Signals(notice.signum).name
+        step = slurm.step(self.spec.base_env)
+        if step is not None:
+            self.out.say(f"got {name}: Slurm signals every process of step {step.name}, so "
+                         f"the ranks have it too; the job goes on.")
+            return
+        signal_groups(self.procs, running, notice.signum)
+        self.out.say(f"got {name}; passed it to {rank_words(running) if running else 'no rank'}"
+                     f"; the job goes on.")
 
     def tell_ranks(self, verdict: Verdict) -> None:
         """Write the verdict where this node's ranks look while they wait in a cross-rank

@@ -26,8 +26,8 @@ from dataclasses import replace
 
 from ..errors import ArgumentError, bad_argument, rank_words
 from ..host import knobs, netif
-from . import handoff, rank_table, store
-from .events import Events, Signal, Verdict
+from . import handoff, rank_table, slurm_step, store
+from .events import Events, Notice, Signal, Verdict
 from .job import Job, policy_for
 from .join import JoinError
 from .nodes import JobNodes
@@ -46,12 +46,15 @@ OMP_NOTE = ("setting OMP_NUM_THREADS=1 for every rank, as torchrun does, so {n} 
 
 @contextmanager
 def _signals_to(events: Events) -> Iterator[None]:
-    """While active, SIGINT/SIGTERM to the launcher become events (SimpleQueue is reentrant)."""
+    """While active, SIGINT/SIGTERM (stop) and SIGUSR1/SIGUSR2 (a warning: ``Job.pass_on``)
+    to the launcher become events (SimpleQueue is reentrant)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    sigs = (signal.SIGINT, signal.SIGTERM)
-    old = {s: signal.signal(s, lambda num, _frame: events.put(Signal(num))) for s in sigs}
+    old = {s: signal.signal(s, lambda num, _frame: events.put(Signal(num)))
+           for s in (signal.SIGINT, signal.SIGTERM)}
+    old |= {s: signal.signal(s, lambda num, _frame: events.put(Notice(num)))
+            for s in (signal.SIGUSR1, signal.SIGUSR2)}
     try:
         yield
     finally:
@@ -130,7 +133,8 @@ def launch(spec: LaunchSpec) -> int:
             if signum is not None:
                 stopped = sorted(r for r, e in job.ends.items() if e.stop_t is not None)
                 job.out.show_held(sorted(job.ends))
-                out.say(f"got {signal.Signals(signum).name}; stopped "
+                out.say(f"got {signal.Signals(signum).name}"
+                        f"{slurm_step.signal_words(spec.base_env)}; stopped "
                         f"{rank_words(stopped) if stopped else 'no rank (none was running)'}.")
                 return 128 + signum
             code = job.conclude(policy)
@@ -226,8 +230,9 @@ def _leave(job: Job, code: int) -> int:
     if nodes.await_others(interrupted) or code:
         return code
     if signals:
-        job.out.say(f"got {signal.Signals(signals[0]).name} while the other nodes still used "
-                    f"the store this node serves; stopped serving it.")
+        job.out.say(f"got {signal.Signals(signals[0]).name}"
+                    f"{slurm_step.signal_words(job.spec.base_env)} while the other nodes "
+                    f"still used the store this node serves; stopped serving it.")
         return 128 + signals[0]
     if nodes.verdict is not None:
         job.out.say(f"the job stopped because {nodes.verdict.text}.")

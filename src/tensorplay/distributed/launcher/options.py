@@ -23,6 +23,7 @@ import socket
 from pathlib import Path
 
 from ..errors import bad_argument
+from . import slurm_step
 
 PROG = "tensorplay-run"
 SETTLE_S = 1.0  # default --settle-s
@@ -67,10 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", f"--{name.replace('-', '_')}", **kw)
 
     opt("nproc-per-node", type=int, default=1, help="processes (ranks) on this node")
-    opt("nnodes", type=int, default=1, help="number of nodes in the job")
-    opt("node-rank", type=int, default=0, help="index of this node, 0..nnodes-1")
-    opt("master-addr", default=None, help="address of rank 0 (default 127.0.0.1 on one node)")
-    opt("master-port", type=int, default=None, help="port of rank 0 (default: a free port)")
+    opt("nnodes", type=int, default=None,
+        help="number of nodes in the job (default 1; under srun the step's task count: one "
+             "launcher per node)")
+    opt("node-rank", type=int, default=None,
+        help="index of this node, 0..nnodes-1 (default 0; under srun the task's SLURM_PROCID)")
+    opt("master-addr", default=None,
+        help="address of rank 0 (default 127.0.0.1 on one node; under srun the first host "
+             "of the step's node list)")
+    opt("master-port", type=int, default=None,
+        help="port of rank 0 (default: a free port; under srun one derived from the job id)")
     opt("log-ranks", default=None, help="show only these ranks' output, e.g. 0,3 or 0-3")
     opt("log-dir", default=None, help="also write DIR/rank_<r>.log for every rank")
     opt("stop-grace-s", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
@@ -134,7 +141,10 @@ def parse_rank_list(text: str, world_size: int) -> set[int]:
 
 
 def check_args(a: argparse.Namespace) -> None:
-    """Reject values that cannot start a job, naming the flag, the bad value and the fix."""
+    """Take what an srun step says for the node flags left out (``slurm_step.fill``: it also
+    refuses the ones that contradict it), then reject values that cannot start a job, naming
+    the flag, the bad value and the fix."""
+    slurm_step.fill(a)
     if a.nproc_per_node < 1:
         raise bad_argument("--nproc-per-node", a.nproc_per_node, "must be at least 1",
                            "pass the number of processes to start on this node, e.g. 2")

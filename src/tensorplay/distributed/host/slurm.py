@@ -1,0 +1,194 @@
+"""What Slurm says to a process it started: the node list, the srun step, and why it stops us.
+
+Three things, each read here once:
+
+- ``hostnames(nodelist)``: Slurm's compressed node list, expanded in Slurm's order, lazily
+  (``scontrol show hostnames`` does the same): ``"node[01-03,07],gpu5"`` -> node01, node02,
+  node03, node07, gpu5; ``"rack[1-2]-n[1-2]"`` -> rack1-n1, rack1-n2, rack2-n1, rack2-n2 (the
+  last bracket varies fastest); a low bound's leading zeros set the width (``n[08-10]`` ->
+  n08, n09, n10; ``n[8-10]`` -> n8, n9, n10). ``first_host`` is its first name, in O(length
+  of the text) however many hosts the list holds.
+- ``step(env)``: the srun step this process is a task of (``Step``: job, step, task, tasks,
+  node list), or None outside one. A batch script run without srun is no step: it inherits
+  SLURM_PROCID=0 and the job's SLURM_NTASKS, which describe the allocation, not this process.
+- ``ending(job_id)``: why Slurm ends a job, asked of ``scontrol`` when a task gets SIGTERM.
+  While Slurm stops a job it shows ``JobState=COMPLETING`` with ``Reason=None`` both for an
+  ``scancel`` and for the time limit (seen with Slurm 22.05; only the time limit adds
+  ``Reason=TimeLimit``), so the time limit is told by that reason or by the run time (71 s
+  into a limit of 00:01:00: slurmctld checks the limits every 30 s); anything else is a
+  cancel. A job still RUNNING was signalled by someone else, not by Slurm.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+SLURM_JOB_ID = "SLURM_JOB_ID"
+SLURM_STEP_ID = "SLURM_STEP_ID"
+SLURM_PROCID = "SLURM_PROCID"
+SLURM_STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"
+SLURM_STEP_NODELIST = "SLURM_STEP_NODELIST"
+SLURMD_NODENAME = "SLURMD_NODENAME"
+SCONTROL_S = 5.0  # how long ``ending`` waits for scontrol's answer
+
+_RANGE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
+_FIELD = re.compile(r"(\w+)=(\S*)")
+_CLOCK = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
+
+
+def _choices(body: str, at: int) -> list[str]:
+    """The numbers of one bracket's body, in order: '01-03,7' -> ['01', '02', '03', '7']."""
+    names: list[str] = []
+    for part in body.split(","):
+        match = _RANGE.fullmatch(part)
+        if match is None:
+            raise ValueError(f"'[{body}]' at position {at} is not a list of numbers or ranges "
+                             f"like 01-04")
+        low, high = match[1], match[2] or match[1]
+        if int(high) < int(low):
+            raise ValueError(f"'{part.strip()}' in '[{body}]' at position {at} counts down")
+        names += [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
+    return names
+
+
+def _pieces(item: str, offset: int) -> list[list[str]]:
+    """One comma-free host pattern as its literal and bracketed pieces, each a list of
+    choices: 'rack[1-2]-n7' -> [['rack'], ['1', '2'], ['-n7']]."""
+    pieces: list[list[str]] = []
+    text = ""
+    i = 0
+    while i < len(item):
+        ch = item[i]
+        if ch == "]":
+            raise ValueError(f"']' at position {offset + i} closes no '['")
+        if ch != "[":
+            text += ch
+            i += 1
+            continue
+        end = item.find("]", i)
+        if end < 0 or "[" in item[i + 1:end]:
+            raise ValueError(f"'[' at position {offset + i} is not closed")
+        pieces += [[text], _choices(item[i + 1:end], offset + i)]
+        text = ""
+        i = end + 1
+    return pieces + [[text]]
+
+
+def _items(nodelist: str) -> Iterator[tuple[str, int]]:
+    """The comma-separated host patterns (a comma inside brackets belongs to them), each with
+    its position: 'a[1,2],b' -> ('a[1,2]', 0), ('b', 7)."""
+    depth, start = 0, 0
+    for i, ch in enumerate(nodelist + ","):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth <= 0:
+            yield nodelist[start:i], start
+            depth, start = 0, i + 1
+
+
+def hostnames(nodelist: str) -> Iterator[str]:
+    """Expand a Slurm node list, lazily, in Slurm's order (see the module). A malformed list
+    raises ValueError saying where, before any name is given (each pattern is read whole
+    first); blank items between commas are skipped, as Slurm does ('a,,b' -> a, b)."""
+    patterns = [_pieces(item.strip(), at) for item, at in _items(nodelist) if item.strip()]
+    if not patterns:
+        raise ValueError("no host in it")
+    for pieces in patterns:
+        for names in itertools.product(*pieces):
+            yield "".join(names)
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a node list: 'node[01-04,07],gpu5' -> 'node01' (ValueError when it is
+    malformed, or when its first item is empty: ',a1')."""
+    if not nodelist.strip() or not nodelist.split(",", 1)[0].strip():
+        raise ValueError("no host before the first ','")
+    return next(hostnames(nodelist))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One task's view of its srun step: job 41, step 0, task 1 of 2 on 'node[01-02]'."""
+
+    job_id: int
+    step_id: int | None
+    task: int
+    tasks: int
+    nodelist: str
+    node: str | None  # SLURMD_NODENAME: the node this task runs on
+
+    @property
+    def name(self) -> str:
+        """Slurm's name of the step: '41.0' (job 41, step 0), or '41' without a step id."""
+        return str(self.job_id) if self.step_id is None else f"{self.job_id}.{self.step_id}"
+
+
+def _number(env: Mapping[str, str], name: str) -> int | None:
+    text = env.get(name, "").strip()
+    return int(text) if text.isdigit() else None
+
+
+def step(env: Mapping[str, str]) -> Step | None:
+    """The srun step this process is a task of, or None: outside Slurm, in a batch script run
+    without srun (no SLURM_STEP_NUM_TASKS), or where a variable is not a number."""
+    job, task, tasks = (_number(env, n) for n in (SLURM_JOB_ID, SLURM_PROCID,
+                                                   SLURM_STEP_NUM_TASKS))
+    nodelist = env.get(SLURM_STEP_NODELIST, "").strip()
+    if job is None or task is None or tasks is None or not nodelist:
+        return None
+    return Step(job, _number(env, SLURM_STEP_ID), task, tasks, nodelist,
+                env.get(SLURMD_NODENAME, "").strip() or None)
+
+
+def seconds(clock: str) -> int | None:
+    """Slurm's durations: '1-02:03:04' -> 93784, '00:01:00' -> 60, '05:00' -> 300; None for
+    'UNLIMITED' or anything else."""
+    match = _CLOCK.fullmatch(clock.strip())
+    if match is None:
+        return None
+    days, hours, minutes, secs = (int(g or 0) for g in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + secs
+
+
+def job_fields(job_id: int, timeout_s: float = SCONTROL_S) -> dict[str, str]:
+    """``scontrol show job -o JOB``'s fields (JobState, RunTime, TimeLimit, ...). Raises
+    OSError when scontrol is missing, fails or does not answer within ``timeout_s``."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        raise OSError("scontrol is not on PATH")
+    try:
+        done = subprocess.run([scontrol, "show", "job", "-o", str(job_id)], capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise OSError(f"scontrol did not answer within {timeout_s:g} s") from None
+    if done.returncode != 0:
+        raise OSError(f"scontrol exited {done.returncode}: {done.stderr.strip()}")
+    return dict(_FIELD.findall(done.stdout))
+
+
+def ending(job_id: int, timeout_s: float = SCONTROL_S) -> str:
+    """Why Slurm stops job ``job_id``, in words for a last line (see the module):
+    'Slurm cancelled job 41 (scancel), 3 s after it started', 'job 41 reached its time limit
+    (00:01:00)', 'the signal did not come from Slurm: job 41 is still
+    RUNNING', or what kept scontrol from saying."""
+    try:
+        fields = job_fields(job_id, timeout_s)
+    except OSError as err:
+        return f"Slurm's job {job_id}: its state is unknown ({err})"
+    state = fields.get("JobState", "?")
+    limit_text = fields.get("TimeLimit", "?")
+    run, limit = seconds(fields.get("RunTime", "")), seconds(limit_text)
+    if state in ("RUNNING", "PENDING", "SUSPENDED"):
+        return f"the signal did not come from Slurm: job {job_id} is still {state}"
+    reason = fields.get("Reason", "")
+    timed_out = run is not None and limit is not None and run >= limit
+    if state == "TIMEOUT" or reason == "TimeLimit" or timed_out:
+        return f"job {job_id} reached its time limit ({limit_text})"
+    if state in ("CANCELLED", "COMPLETING"):
+        after = "" if run is None else f", {run} s after it started"
+        return f"Slurm cancelled job {job_id} (scancel){after}"
+    return f"Slurm ends job {job_id} (JobState={state})"
