@@ -4,8 +4,13 @@
 address (198.18.0.1, 198.18.0.2: the range set aside for such tests) on a veth pair to a bridge
 in a third namespace, and each process started on it gets its own host name (a UTS namespace:
 "hostA", "hostB"). ``hosts.start(i, argv)`` starts a process there in a new session;
-``hosts.cut(i)`` takes host i's link down. On the way out, even after a failure, every process
-started is killed by its process group and every namespace is deleted: nothing is left behind.
+``hosts.cut(i)`` takes host i's link down. ``hosts.command(i, argv, names)`` is the command line
+that runs ``argv`` there; with ``names`` (``hosts.write_names(path)``: every host's name and
+address) the hosts' names resolve there, for programs that are given names, not addresses
+(Slurm's node lists): it enters only the network namespace (``nsenter``, so /sys and its cgroups
+stay, which slurmd needs) and mounts that file over /etc/hosts in a mount namespace of its own.
+On the way out, even after a failure, every process started is killed by its process group and
+every namespace is deleted: nothing is left behind.
 
 Needs root and iproute2 (CI runs as root); elsewhere ``require()`` skips the test and says why.
 No traffic goes anywhere but these namespaces and loopback.
@@ -37,7 +42,7 @@ def require() -> None:
     if os.geteuid() != 0:
         pytest.skip("multi-host tests make network namespaces, which needs root (CI runs as "
                     "root)")
-    for tool in ("ip", "unshare"):
+    for tool in ("ip", "unshare", "nsenter"):
         if shutil.which(tool) is None:
             pytest.skip(f"multi-host tests need '{tool}' (iproute2, util-linux)")
 
@@ -88,14 +93,30 @@ class Hosts:
             raise
         return self
 
+    def write_names(self, path: Path) -> Path:
+        """Write a hosts file naming every host (198.18.0.1 hostA, ...) and localhost."""
+        lines = ["127.0.0.1 localhost"] + [f"{self.address(i)} {self.hostname(i)}"
+                                           for i in range(1, self.count + 1)]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def command(self, i: int, argv: list[str], names: Path | None = None) -> list[str]:
+        """The command line that runs ``argv`` on host i (its own network and host name;
+        with ``names``, that hosts file as its /etc/hosts: see the module)."""
+        script = f'hostname {self.hostname(i)} && exec "$@"'
+        if names is None:
+            return ["ip", "netns", "exec", self.ns(i), "unshare", "--uts", "sh", "-c", script,
+                    "sh", *argv]
+        script = f'mount --bind {names} /etc/hosts && {script}'
+        return ["nsenter", f"--net=/run/netns/{self.ns(i)}", "unshare", "--uts", "--mount",
+                "sh", "-c", script, "sh", *argv]
+
     def start(self, i: int, argv: list[str], log: Path, env: dict[str, str] | None = None
               ) -> subprocess.Popen:
         """Run ``argv`` on host i (its own network and host name), output to ``log``."""
-        script = f'hostname {self.hostname(i)} && exec "$@"'
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                ["ip", "netns", "exec", self.ns(i), "unshare", "--uts", "sh", "-c", script,
-                 "sh", *argv],
+                self.command(i, argv),
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**{k: v for k, v in os.environ.items() if k not in _NETWORK_VARS},
                      **(env or {})})

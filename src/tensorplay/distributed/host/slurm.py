@@ -25,6 +25,7 @@ import itertools
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -156,15 +157,26 @@ def seconds(clock: str) -> int | None:
 
 def job_fields(job_id: int, timeout_s: float = SCONTROL_S) -> dict[str, str]:
     """``scontrol show job -o JOB``'s fields (JobState, RunTime, TimeLimit, ...). Raises
-    OSError when scontrol is missing, fails or does not answer within ``timeout_s``."""
+    OSError when scontrol is missing, fails or does not answer within ``timeout_s``.
+
+    While Slurm stops a step it sends SIGTERM to every process of the step more than once,
+    and a scontrol started meanwhile would die of it (seen: exit -15): it runs with SIGTERM
+    ignored (a shell's ``trap`` before ``exec``), asked again should a signal still get it
+    before the trap (up to 3 tries); Slurm's SIGKILL after KillWait ends it all the same."""
     scontrol = shutil.which("scontrol")
     if scontrol is None:
         raise OSError("scontrol is not on PATH")
-    try:
-        done = subprocess.run([scontrol, "show", "job", "-o", str(job_id)], capture_output=True,
-                              text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise OSError(f"scontrol did not answer within {timeout_s:g} s") from None
+    argv = ["sh", "-c", 'trap "" TERM; exec "$0" "$@"', scontrol, "show", "job", "-o",
+            str(job_id)]
+    deadline = time.monotonic() + timeout_s
+    for _ in range(3):
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True,
+                                  timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            raise OSError(f"scontrol did not answer within {timeout_s:g} s") from None
+        if done.returncode >= 0:
+            break
     if done.returncode != 0:
         raise OSError(f"scontrol exited {done.returncode}: {done.stderr.strip()}")
     return dict(_FIELD.findall(done.stdout))

@@ -10,7 +10,7 @@ matches them by type:
   sent by the new mesh's first rank (again once it synced the fresh ranks);
 - ``Signal``: SIGINT or SIGTERM reached the launcher;
 - ``Notice``: SIGUSR1 or SIGUSR2 reached it: a warning, such as Slurm's ``--signal=USR1@60``
-  sixty seconds before the time limit; the job goes on;
+  sixty seconds before the time limit, passed on to the ranks; the job goes on;
 - ``Verdict`` (``verdicts.Verdict``): the job stopped elsewhere (a node lost, a failure on
   another node, the store could not be served);
 - ``NodeChange`` (``roster.NodeChange``, elastic mode): a node was lost, or taken back by a

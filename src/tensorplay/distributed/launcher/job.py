@@ -31,7 +31,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from ..errors import rank_words
-from ..host import knobs, slurm, wire
+from ..host import knobs, wire
 from .events import (
     Beat,
     Event,
@@ -364,18 +364,12 @@ class Job:
 
     def pass_on(self, notice: Notice, running: set[int]) -> None:
         """SIGUSR1/SIGUSR2 to the launcher: pass it to the running ranks' process groups, as
-        a warning they may act on (save a checkpoint). Not inside an srun step: Slurm's
-        ``--signal`` (and ``scancel --signal``) signals every process of the step itself, so
-        the ranks have it already and a second one would reach them twice."""
-        name = signal.Signals(notice.signum).name
-        step = slurm.step(self.spec.base_env)
-        if step is not None:
-            self.out.say(f"got {name}: Slurm signals every process of step {step.name}, so "
-                         f"the ranks have it too; the job goes on.")
-            return
+        a warning they may act on (save a checkpoint). Slurm's ``--signal=USR1@60`` and
+        ``scancel --signal=USR1`` signal the task's process group, the launcher's, and each
+        rank has a group of its own (seen with Slurm 22.05): without this, no rank hears it."""
         signal_groups(self.procs, running, notice.signum)
-        self.out.say(f"got {name}; passed it to {rank_words(running) if running else 'no rank'}"
-                     f"; the job goes on.")
+        self.out.say(f"got {signal.Signals(notice.signum).name}; passed it to "
+                     f"{rank_words(running) if running else 'no rank'}; the job goes on.")
 
     def tell_ranks(self, verdict: Verdict) -> None:
         """Write the verdict where this node's ranks look while they wait in a cross-rank

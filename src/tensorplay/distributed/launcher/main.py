@@ -253,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
         return launch(from_args(args))
     except SystemExit as exc:  # argparse: --help (0) or a malformed command line (2)
         return exc.code if isinstance(exc.code, int) else USAGE_ERROR
+    except slurm_step.StepRefusal as exc:  # node 0 would wait for this node: tell it
+        told = slurm_step.tell_node_0(exc)
+        print(f"{PROG}: error: {exc} {told[0].upper()}{told[1:]}.", file=sys.stderr)
+        return USAGE_ERROR
     except ArgumentError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
