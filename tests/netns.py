@@ -19,6 +19,7 @@ No traffic goes anywhere but these namespaces and loopback.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import shutil
@@ -35,6 +36,7 @@ SUBNET = "198.18.0"
 # a host starts with no network settings but those a test gives it
 _NETWORK_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT")
 NAMES = "ABCDEFGH"
+_COUNT = itertools.count()
 
 
 def require() -> None:
@@ -56,7 +58,9 @@ class Hosts:
 
     def __init__(self, count: int):
         self.count = count
-        self.prefix = f"tp{os.getpid() % 100000}"
+        # the worker's pid and a count: two Hosts of one process at once never share a name
+        # (an interface name is at most 15 characters: 'tp12345x7h1' is 11)
+        self.prefix = f"tp{os.getpid() % 100000}x{next(_COUNT) % 100}"
         self.procs: list[subprocess.Popen] = []
         self._made: list[str] = []
 

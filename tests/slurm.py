@@ -227,6 +227,27 @@ class Cluster:
                 found.append(int(entry.name))
         return found
 
+    def on_host(self, i: int) -> list[int]:
+        """The cluster's processes on host i (its network namespace): its slurmd, the steps,
+        tasks and ranks there."""
+        assert self.hosts is not None, "one host: every process is on it"
+        ns = os.stat(f"/run/netns/{self.hosts.ns(i)}").st_ino
+        found = []
+        for pid in self.marked():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{pid}/ns/net").st_ino == ns:
+                    found.append(pid)
+        return found
+
+    def kill_host(self, i: int) -> list[int]:
+        """Host i lost whole, as a kernel panic leaves it: SIGKILL to every process of the
+        cluster there, its slurmd too (by pid); the pids killed."""
+        pids = self.on_host(i)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
+
     def logs(self) -> str:
         """Every log of the cluster, each under its name: what a failed test prints."""
         paths = sorted(self.dir.glob("*.log")) + sorted(self.dir.glob("*.out")) + \

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from tests import timing
+from tensorplay.distributed.launcher import join
+from tests import spawn, timing
 from tests.distributed.launcher.test_nodes import Nodes, job
 
 
@@ -74,3 +75,12 @@ def test_without_node_0_the_others_say_so_without_a_cpp_trace(tmp_path):
     assert (f"tensorplay-run: error: node 0 (the job's store at 127.0.0.1:{nodes.port}) never "
             f"answered within 2 s (Connection refused).") in text, text
     assert "Exception raised from" not in text and "frame #" not in text
+
+
+def test_a_refusal_with_no_store_to_tell_says_node_0_waits():
+    port = spawn.free_port()
+    said = join.refuse("127.0.0.1", port, 1, "node 1 refused to join: --node-rank=0", 0.3)
+    assert said.startswith(f"node 0's store at 127.0.0.1:{port} was not reached within 0.3 s (")
+    assert said.endswith("node 0 waits for this node until its --join-timeout-s")
+    assert join.refuse("h", None, 1, "x") == ("node 0 cannot be told (no --master-port): it "
+                                              "waits --join-timeout-s")

@@ -13,6 +13,7 @@ import re
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,14 +37,23 @@ def cluster(tmp_path_factory):
         yield c
 
 
-@pytest.fixture(scope="module")
-def two_hosts(tmp_path_factory):
+def two_host_cluster(tmp: Path) -> Iterator[slurm.Cluster]:
     """Two nodes: hostA (slurmctld, slurmd, the commands) and hostB (slurmd), 4 CPUs each."""
     slurm.require()
     netns.require()
-    with netns.Hosts(2) as hosts, \
-            slurm.Cluster(tmp_path_factory.mktemp("slurm-two"), hosts, cpus=4) as c:
+    with netns.Hosts(2) as hosts, slurm.Cluster(tmp, hosts, cpus=4) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory):
+    yield from two_host_cluster(tmp_path_factory.mktemp("slurm-two"))
+
+
+@pytest.fixture
+def two_hosts_to_lose(tmp_path_factory):
+    """Two nodes of a cluster of its own: the test kills one."""
+    yield from two_host_cluster(tmp_path_factory.mktemp("slurm-lose"))
 
 
 def batch(c: slurm.Cluster, tmp: Path, body: str, *flags: str) -> tuple[int, Path]:
@@ -212,6 +222,7 @@ def test_mpich_runs_under_srun_mpi_pmi2(numpy_only, tmp_path):
     assert HEAT_OK in done.stdout and "on the mpi backend" in done.stdout, done.stdout
 
 
+@pytest.mark.slow
 def test_srun_without_mpi_wire_up_is_refused_naming_the_flag(numpy_only, tmp_path):
     done = numpy_only.run(["srun", "-n", "2", sys.executable, HEAT], check=False, timeout=120,
                           cwd=tmp_path)
@@ -274,9 +285,46 @@ def test_scancel_of_a_two_host_job_leaves_nothing_on_either_host(two_hosts, tmp_
     two_hosts.run(["scancel", str(job_id)])
     fields = await_end(two_hosts, job_id, slurm.KILL_WAIT_S + 20)
     text = out.read_text()
-    last = [ln for ln in text.splitlines() if ln.startswith("tensorplay-run:")][-2:]
-    assert len(last) == 2, text
-    for line in last:
-        assert f"got SIGTERM (Slurm cancelled job {job_id} (scancel)" in line, text
+    said = f"got SIGTERM (Slurm cancelled job {job_id} (scancel)"
+    lines = [ln for ln in text.splitlines() if ln.startswith("tensorplay-run:")]
+    assert len([ln for ln in lines if said in ln]) >= 2, text  # each launcher, or the other
+    # launcher for it: "node 1 (hostB, ranks 2-3) got SIGTERM (Slurm cancelled job ...)"
+    assert said in lines[-1] and "lost" not in text, text
     assert fields["JobState"] == "CANCELLED", fields
     assert left_by_jobs(two_hosts) == []
+
+
+@pytest.mark.slow
+def test_a_node_lost_under_srun_no_kill_the_other_trains_on(two_hosts_to_lose, tmp_path):
+    """hostB killed whole (its slurmd, the step's processes, the ranks) at step 3 of an elastic
+    job: hostA's ranks shrink to (1, 4) at once, Slurm marks hostB DOWN after SlurmdTimeout,
+    and with --no-kill it keeps the job, which trains to the end on hostA."""
+    c = two_hosts_to_lose
+    elastic = str(ROOT / "examples" / "train_elastic.py")
+    job_id, out = batch(c, tmp_path, f"srun --no-kill --ntasks-per-node 1 "
+                        f"{' '.join(RUN)} --nproc-per-node 4 --max-restarts 1 {elastic} "
+                        "--steps 70 --step-s 0.5\n", "-N", "2", "--no-kill")
+    await_text(c, out, r"\[rank 0\] step 3/70", 240)
+    killed_at = time.monotonic()
+    assert c.kill_host(2), "no process of the cluster was on hostB"
+    await_text(c, out, r"\[rank 0\] step \d+/70  mesh \(1, 4\)", 60)
+    shrunk_s = time.monotonic() - killed_at
+
+    def node_b_down() -> bool:
+        return "DOWN" in c.run(["sinfo", "-h", "-n", "hostB", "-o", "%T"]).stdout.upper()
+
+    assert timing.wait_until(node_b_down, slurm.NODE_DOWN_S + 30), c.logs()
+    running = c.job_state(job_id)["JobState"]
+    fields = await_end(c, job_id, 120)
+    text = out.read_text()
+    assert shrunk_s < timing.bound(0, 10), f"{shrunk_s:.1f} s\n{text}"
+    assert "tensorplay-run: node 1 (hostB, ranks 4-7) is lost: its launcher is gone" in text, text
+    assert "[rank 0] OK: matches single-process training" in text, text
+    assert running == "RUNNING", (running, text)  # Slurm kept the job with a node DOWN
+    node = c.run(["scontrol", "show", "node", "hostB", "-o"]).stdout
+    assert "Reason=Not responding" in node, node
+    # what Slurm says: srun names the node and the task it lost, and ends with the status of
+    # that task (SIGKILL: 137), so the batch job is FAILED though hostA's ranks trained on
+    assert "srun: error: Node failure on hostB" in text, text
+    assert "srun: error: hostB: task 1: Killed" in text, text
+    assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", "137:0"), fields

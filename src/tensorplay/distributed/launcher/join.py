@@ -32,6 +32,26 @@ from .roster import Node, NodeChange, NodeFlags, Roster
 from .store import CALL_S, POLL_S, Client, StoreGone, bounded
 from .verdicts import Verdicts
 
+REFUSE_S = 30.0  # how long a launcher that refused to join tries to reach node 0's store
+
+
+def refuse(addr: str, port: int | None, node: int, text: str, within_s: float = REFUSE_S
+           ) -> str:
+    """A launcher that will not join (its command line contradicts the others') posts ``text``
+    as the job's join verdict in node 0's store, waiting up to ``within_s`` for it to be
+    served, so that node 0 prints it and stops waiting for this node (``launcher/
+    slurm_step.py``). Returns what became of it, for this launcher's own output."""
+    where = f"{addr}:{port}"
+    if port is None:
+        return "node 0 cannot be told (no --master-port): it waits --join-timeout-s"
+    try:
+        client = store.connect(addr, port, time.monotonic() + within_s, CALL_S)
+        Verdicts(node).post(client, "join", text)
+    except StoreGone as gone:
+        return (f"node 0's store at {where} was not reached within {within_s:g} s ({gone}): "
+                "node 0 waits for this node until its --join-timeout-s")
+    return f"node 0 was told, through its store at {where}"
+
 
 class JoinError(Exception):
     """The launchers could not start the job together; the message says why, naming nodes."""

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from ..errors import ArgumentError, bad_argument, rank_words
 from ..host import knobs, netif
-from . import handoff, rank_table, slurm_step, store
+from . import handoff, join, rank_table, slurm_step, store
 from .events import Events, Notice, Signal, Verdict
 from .job import Job, policy_for
 from .join import JoinError
@@ -35,7 +35,7 @@ from .options import PROG, build_parser, check_args
 from .output import Output
 from .procs import stop_ranks
 from .rank_table import RankTable
-from .roster import NodeFlags
+from .roster import Node, NodeFlags
 from .spec import LaunchSpec, from_args
 from .warm import Warm
 
@@ -131,10 +131,11 @@ def launch(spec: LaunchSpec) -> int:
             signum = job.supervise(policy)
             job.drain()
             if signum is not None:
+                got = f"got {signal.Signals(signum).name}{slurm_step.signal_words(spec.base_env)}"
+                _tell_signal(job, got)
                 stopped = sorted(r for r, e in job.ends.items() if e.stop_t is not None)
                 job.out.show_held(sorted(job.ends))
-                out.say(f"got {signal.Signals(signum).name}"
-                        f"{slurm_step.signal_words(spec.base_env)}; stopped "
+                out.say(f"{got}; stopped "
                         f"{rank_words(stopped) if stopped else 'no rank (none was running)'}.")
                 return 128 + signum
             code = job.conclude(policy)
@@ -208,6 +209,19 @@ def _serve(nodes: JobNodes, events: Events) -> None:
         events.put(Verdict("store", 0, str(err)))
 
 
+def _tell_signal(job: Job, got: str) -> None:
+    """Several nodes, not elastic: this launcher was stopped by a signal; post it as the job's
+    verdict, so that the others say why they stop (``node 1 (hostB, ranks 4-7) got SIGTERM
+    (Slurm cancelled job 41 ...)``), not that node 1 is lost when its link closes. Under
+    scancel every node gets the signal; the first posted stands. An elastic job goes on
+    without a node stopped alone: it is lost, as it would be."""
+    nodes = job.nodes
+    if nodes is None or nodes.client is None or job.spec.elastic or job.verdict is not None:
+        return
+    f = nodes.flags
+    nodes.post("signal", f"{Node(f.index, f.host, f.nproc, f.nnodes).name()} {got}")
+
+
 def _leave(job: Job, code: int) -> int:
     """Several nodes, this node's ranks ended: tell node 0, or (node 0) serve the store until
     every node is done. A node lost after our ranks succeeded fails the job."""
@@ -254,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help (0) or a malformed command line (2)
         return exc.code if isinstance(exc.code, int) else USAGE_ERROR
     except slurm_step.StepRefusal as exc:  # node 0 would wait for this node: tell it
-        told = slurm_step.tell_node_0(exc)
+        told = join.refuse(exc.addr, exc.port, exc.step.task, exc.told)
         print(f"{PROG}: error: {exc} {told[0].upper()}{told[1:]}.", file=sys.stderr)
         return USAGE_ERROR
     except ArgumentError as exc:

@@ -17,7 +17,7 @@ that is not there:
 
 A wrong ``--nnodes`` is refused by every launcher alike. A wrong ``--node-rank`` is refused
 only by the tasks it contradicts (``--node-rank 0`` is right for task 0), so each refusing
-launcher also tells node 0 (``tell_node_0``: the refusal posted as the job's join verdict in
+launcher also tells node 0 (``join.refuse``: the refusal posted as the job's join verdict in
 node 0's store), which would otherwise wait --join-timeout-s (300 s) for it: node 0 prints the
 same refusal and exits 1 within a second. Where task 0 is the one refused, no store is served
 and the others wait out --join-timeout-s, then say node 0's store never answered.
@@ -30,21 +30,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from collections.abc import Mapping
 
 from ..errors import ArgumentError, LaunchEnvError, bad_argument
 from ..host import launchers, slurm
 
-TELL_S = 30.0  # how long a refusing launcher tries to reach node 0's store
-
 
 class StepRefusal(ArgumentError):
-    """--node-rank contradicts the srun step; says where node 0 serves the job's store."""
+    """--node-rank contradicts the srun step; says where node 0 serves the job's store, and
+    what node 0 should print (``told``)."""
 
     def __init__(self, text: str, step: slurm.Step, addr: str, port: int | None):
         super().__init__(text)
         self.step, self.addr, self.port = step, addr, port
+        self.told = (f"node {step.task} (task {step.task} of Slurm step {step.name}) refused "
+                     f"to join: {text.rstrip('.')}")
 
 
 def fill(a: argparse.Namespace, env: Mapping[str, str] | None = None) -> None:
@@ -92,27 +92,6 @@ def _fill_master(a: argparse.Namespace, found: slurm.Step, env: Mapping[str, str
         except LaunchEnvError as err:
             raise bad_argument("--master-port", None, f"not given, and {err}",
                                "pass --master-port, or unset MASTER_PORT") from None
-
-
-def tell_node_0(err: StepRefusal, within_s: float = TELL_S) -> str:
-    """Post ``err`` as the job's join verdict in node 0's store (waiting up to ``within_s``
-    for it to be served), so that node 0 prints it and stops waiting for this node. Returns
-    what became of it, for this launcher's own output."""
-    from .store import CALL_S, StoreGone, connect
-    from .verdicts import Verdicts
-
-    where = f"{err.addr}:{err.port}"
-    if err.port is None:  # no SLURM_JOB_ID to derive it from: a step always has one
-        return "node 0 cannot be told (no --master-port): it waits --join-timeout-s"
-    text = (f"node {err.step.task} (task {err.step.task} of Slurm step {err.step.name}) "
-            f"refused to join: {str(err).rstrip('.')}")
-    try:
-        client = connect(err.addr, err.port, time.monotonic() + within_s, CALL_S)
-        Verdicts(err.step.task).post(client, "join", text)
-    except StoreGone as gone:
-        return (f"node 0's store at {where} was not reached within {within_s:g} s ({gone}): "
-                "node 0 waits for this node until its --join-timeout-s")
-    return f"node 0 was told, through its store at {where}"
 
 
 def signal_words(env: Mapping[str, str]) -> str:
