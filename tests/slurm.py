@@ -7,7 +7,8 @@ on free ports of 127.0.0.1, and waits until ``sinfo`` calls the node idle (about
 (``netns.Hosts(n)``): one slurmd per host (hostA, hostB, ... at 198.18.0.x),
 slurmctld beside hostA's, and every client command on hostA. ``c.run(argv)`` runs srun,
 sbatch, scancel, squeue or scontrol there with ``SLURM_CONF`` set; ``c.start(argv, log)`` starts
-one in the background.
+one in the background. Jobs get a TMPDIR of the cluster's (Open MPI's session directories,
+a killed launcher's work directory: gone with the cluster).
 
 Nothing touches /etc/slurm or the machine's munge: the daemons read the files written here.
 On the way out, even after a failure, every job is cancelled (and waited for, bounded), then
@@ -102,7 +103,7 @@ class Cluster:
                       [hosts.hostname(i) for i in range(1, hosts.count + 1)])
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
         self.env |= {"SLURM_CONF": str(self.conf), MARK: str(self.dir),
-                     "PYTHONPATH": spawn.pythonpath()}
+                     "PYTHONPATH": spawn.pythonpath(), "TMPDIR": str(self.dir / "tmp")}
 
     # --- start -----------------------------------------------------------------------------
 
@@ -137,7 +138,7 @@ class Cluster:
             tag=os.getpid() % 100000, ctld_host=self.nodes[0], ctld_addr=addrs[0],
             ctld_port=ctld_port, slurmd_port=slurmd_port, dir=self.dir, nodes=nodes,
             kill_wait=KILL_WAIT_S, node_down=NODE_DOWN_S))
-        for sub in ("ctld", "munge", *(f"spool/{n}" for n in self.nodes)):
+        for sub in ("ctld", "munge", "tmp", *(f"spool/{n}" for n in self.nodes)):
             (self.dir / sub).mkdir(parents=True)
 
     def _start_munge(self) -> None:

@@ -193,7 +193,7 @@ def test_ending_at_the_time_limit(scontrol, fields):
 
 def test_ending_of_a_job_slurm_still_runs(scontrol):
     scontrol("JobId=41 JobState=RUNNING Reason=None RunTime=00:00:09 TimeLimit=UNLIMITED")
-    assert ending(41) == "the signal did not come from Slurm: job 41 is still RUNNING"
+    assert ending(41) == "not a scancel or the time limit: job 41 is still RUNNING"
 
 
 def test_ending_when_scontrol_fails_says_so(scontrol):

@@ -479,7 +479,8 @@ def test_ranks_that_die_after_finishing_are_not_the_cause(tmp_path):
         while len(list(HERE.glob("pid_?"))) < 4:
             time.sleep(0.02)
         if RANK == 0:
-            time.sleep(60)  # still in its script: a collective the others never joined
+            time.sleep(600)  # still in its script (a collective the others never joined) when
+            # the launcher stops it, however long the scaled --settle-s on a loaded machine
         atexit.register(os.abort)  # dies at exit, as a C++ destructor's terminate() would
     """)
     res = run("--nproc-per-node", "4", "--settle-s", f"{timing.guard(3):.0f}", job)  # the

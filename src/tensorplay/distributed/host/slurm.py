@@ -16,7 +16,8 @@ Three things, each read here once:
   ``scancel`` and for the time limit (seen with Slurm 22.05; only the time limit adds
   ``Reason=TimeLimit``), so the time limit is told by that reason or by the run time (71 s
   into a limit of 00:01:00: slurmctld checks the limits every 30 s); anything else is a
-  cancel. A job still RUNNING was signalled by someone else, not by Slurm.
+  cancel. A job still RUNNING was not cancelled: srun passed on a Ctrl-C, or someone sent the
+  signal by hand.
 """
 
 from __future__ import annotations
@@ -185,8 +186,8 @@ def job_fields(job_id: int, timeout_s: float = SCONTROL_S) -> dict[str, str]:
 def ending(job_id: int, timeout_s: float = SCONTROL_S) -> str:
     """Why Slurm stops job ``job_id``, in words for a last line (see the module):
     'Slurm cancelled job 41 (scancel), 3 s after it started', 'job 41 reached its time limit
-    (00:01:00)', 'the signal did not come from Slurm: job 41 is still
-    RUNNING', or what kept scontrol from saying."""
+    (00:01:00)', 'not a scancel or the time limit: job 41 is still RUNNING' (srun passing
+    on a Ctrl-C, or a kill by hand), or what kept scontrol from saying."""
     try:
         fields = job_fields(job_id, timeout_s)
     except OSError as err:
@@ -195,7 +196,7 @@ def ending(job_id: int, timeout_s: float = SCONTROL_S) -> str:
     limit_text = fields.get("TimeLimit", "?")
     run, limit = seconds(fields.get("RunTime", "")), seconds(limit_text)
     if state in ("RUNNING", "PENDING", "SUSPENDED"):
-        return f"the signal did not come from Slurm: job {job_id} is still {state}"
+        return f"not a scancel or the time limit: job {job_id} is still {state}"
     reason = fields.get("Reason", "")
     timed_out = run is not None and limit is not None and run >= limit
     if state == "TIMEOUT" or reason == "TimeLimit" or timed_out:
