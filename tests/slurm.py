@@ -40,7 +40,7 @@ TOOLS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "scancel", "squeue",
 MARK = "TENSORPLAY_TEST_SLURM"  # every process of one cluster carries MARK=<its directory>
 IDLE_S = 30.0  # from start to every node idle: about 3 s here
 KILL_WAIT_S = 5  # Slurm's KillWait: SIGTERM, then SIGKILL this much later (default 30)
-NODE_DOWN_S = 10  # Slurm's SlurmdTimeout: a silent slurmd's node is DOWN after this (300)
+NODE_DOWN_S = 6  # Slurm's SlurmdTimeout: a silent slurmd's node is DOWN after this (300)
 
 CONF = """\
 ClusterName=tp{tag}

