@@ -34,7 +34,7 @@ from tensorplay.distributed.host import procfs
 
 SUBNET = "198.18.0"
 # a host starts with no network settings but those a test gives it
-_NETWORK_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT")
+NETWORK_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT")
 NAMES = "ABCDEFGH"
 _COUNT = itertools.count()
 
@@ -122,7 +122,7 @@ class Hosts:
             proc = subprocess.Popen(
                 self.command(i, argv),
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**{k: v for k, v in os.environ.items() if k not in _NETWORK_VARS},
+                env={**{k: v for k, v in os.environ.items() if k not in NETWORK_VARS},
                      **(env or {})})
         self.procs.append(proc)
         return proc

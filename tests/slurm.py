@@ -101,7 +101,8 @@ class Cluster:
         self.daemons: list[subprocess.Popen] = []
         self.nodes = ([socket.gethostname()] if hosts is None else
                       [hosts.hostname(i) for i in range(1, hosts.count + 1)])
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+        self.env = {k: v for k, v in os.environ.items()  # as a login shell has it: no
+                    if not k.startswith("SLURM") and k not in netns.NETWORK_VARS}  # job's
         self.env |= {"SLURM_CONF": str(self.conf), MARK: str(self.dir),
                      "PYTHONPATH": spawn.pythonpath(), "TMPDIR": str(self.dir / "tmp")}
 

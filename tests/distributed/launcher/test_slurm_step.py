@@ -39,9 +39,9 @@ def test_master_port_and_addr_given_are_kept():
     assert (a.nnodes, a.node_rank, a.master_addr, a.master_port) == (2, 1, "10.0.0.7", 29500)
 
 
-def test_master_port_from_the_environment_as_for_srun_ranks():
-    a = filled([], task(0, MASTER_PORT="29400"))
-    assert a.master_port == 29400
+def test_master_addr_and_port_from_the_environment_as_for_srun_ranks():
+    a = filled([], task(0, MASTER_PORT="29400", MASTER_ADDR="10.0.0.9"))
+    assert (a.master_addr, a.master_port) == ("10.0.0.9", 29400)
 
 
 def test_flags_that_agree_with_the_step_are_accepted():

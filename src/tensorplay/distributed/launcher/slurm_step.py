@@ -2,14 +2,14 @@
 
 The way torchrun is used on Slurm is one launcher per node: ``srun --ntasks-per-node 1
 tensorplay-run --nproc-per-node 4 train.py`` in a batch script of ``-N 2``. Each launcher is a
-task of the same step, so Slurm already says what torchrun asks for by hand: the node count
-is the step's task count (SLURM_STEP_NUM_TASKS), this node's index is the task's
-(SLURM_PROCID), node 0 is where task 0 runs (the first host of SLURM_STEP_NODELIST, expanded
-by ``host/slurm.py``), and the port is derived from the job id as for ranks srun starts
-itself (``host/launchers.py``: job 123456 -> 18456). ``fill`` takes those for the flags the
-command line leaves out; a flag that contradicts the step is refused, never obeyed, because
-obeying it runs N copies of the job side by side or leaves every node waiting for a node 0
-that is not there:
+task of the same step, so Slurm already says what torchrun asks for by hand: the node count is
+the step's task count (SLURM_STEP_NUM_TASKS), this node's index is the task's (SLURM_PROCID),
+node 0 is where task 0 runs (the first host of SLURM_STEP_NODELIST, expanded by
+``host/slurm.py``, unless MASTER_ADDR names another), and the port is derived from the job id as
+for ranks srun starts itself (``host/launchers.py``: job 123456 -> 18456). ``fill`` takes those
+for the flags the command line leaves out; a flag that contradicts the step is refused, never
+obeyed, because obeying it runs N copies of the job side by side or leaves every node waiting
+for a node 0 that is not there:
 
 - ``--nnodes 1`` in a step of 2 tasks: two jobs of one node each, each training alone;
 - ``--node-rank $SLURM_NODEID`` written in the batch script: the batch shell expands it once,
@@ -78,7 +78,10 @@ def fill(a: argparse.Namespace, env: Mapping[str, str] | None = None) -> None:
 
 
 def _fill_master(a: argparse.Namespace, found: slurm.Step, env: Mapping[str, str]) -> None:
-    """--master-addr and --master-port from the step, where the command line left them out."""
+    """--master-addr (MASTER_ADDR, else the step's first host) and --master-port (MASTER_PORT,
+    else one derived from the job id) where the command line left them out."""
+    if a.master_addr is None and env.get("MASTER_ADDR", "").strip():
+        a.master_addr = env["MASTER_ADDR"].strip()  # as for ranks srun starts itself
     if a.master_addr is None:
         try:
             a.master_addr = slurm.first_host(found.nodelist)
