@@ -1,6 +1,7 @@
 """launcher/etcd_nodes.py: what a launcher of ``--store etcd`` does on its way out when the
-store is gone (``EtcdNodes.store_unreachable``): endpoints where nothing listens, and a real
-etcd member on 127.0.0.1 (tests/etcd.py)."""
+store is gone (``EtcdNodes.store_unreachable``), and how long its probe for members already up
+waits (``EtcdNodes._answers``): endpoints where nothing listens, and a real etcd member on
+127.0.0.1 (tests/etcd.py)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,23 @@ def test_a_member_answering_or_another_nodes_verdict_keeps_the_store_calls():
         nodes = _nodes([f"127.0.0.1:{spawn.free_port()}", member.endpoint])
         _store_lost(nodes, by=1)
         assert not nodes.store_unreachable()  # a member has a leader again: leave through it
+        assert EtcdNodes._answers(nodes.endpoints, time.monotonic() + 60, 1.0,
+                                  refused_ends=True)  # one refuses, the other answers
     other = _nodes([f"127.0.0.1:{spawn.free_port()}"])
     _store_lost(other, by=0)  # node 0's verdict, read from the store: it was reachable
     assert not other.store_unreachable()
+
+
+def test_node_0_of_a_new_job_starts_its_cluster_at_once_where_nothing_listens():
+    """The probe for a member already up at --master-addr (``_answers``): every endpoint
+    refusing ends it at once for node 0 of a new job; any other probe gives members that
+    listen the second they may need to elect a leader."""
+    base = spawn.free_ports(2)
+    dead = [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
+    far = time.monotonic() + 60
+    began = time.monotonic()
+    assert not EtcdNodes._answers(dead, far, 1.0, refused_ends=True)
+    assert time.monotonic() - began < 0.9
+    began = time.monotonic()
+    assert not EtcdNodes._answers(dead, far, 0.3)  # the restart's probe: it waits it out
+    assert time.monotonic() - began >= 0.3

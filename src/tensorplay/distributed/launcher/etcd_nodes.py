@@ -116,7 +116,7 @@ class EtcdNodes(JobNodes):
             if left and self._answers(left, deadline, 2.0):
                 self.member = etcd_members.LocalMember.restart(at, timeout)
             elif (f.index == 0 and f.own_addr == f.addr
-                  and not self._answers(self._bootstrap(), deadline, 1.0)):
+                  and not self._answers(self._bootstrap(), deadline, 1.0, refused_ends=True)):
                 self.member = etcd_members.LocalMember.start_new(at, timeout)
             else:
                 via = self._reach(left + self._bootstrap(), deadline)
@@ -130,13 +130,21 @@ class EtcdNodes(JobNodes):
                             f"member that is up") from None
 
     @staticmethod
-    def _answers(endpoints: list[str], deadline: float, within_s: float) -> bool:
-        """Whether a member already answers with a leader at one of ``endpoints``."""
+    def _answers(endpoints: list[str], deadline: float, within_s: float,
+                 refused_ends: bool = False) -> bool:
+        """Whether a member already answers with a leader at one of ``endpoints``, asked for
+        up to ``within_s`` (a member that listens may be electing a leader for a second).
+        ``refused_ends``: False at once when every endpoint refuses the connection (nothing
+        listens there: node 0 of a new job, which starts its cluster 1 s sooner)."""
         until = min(deadline, time.monotonic() + within_s)
         while True:
-            if any(etcd_api.health(e, 0.5) is None for e in endpoints):
-                return True
-            if time.monotonic() >= until:
+            said = []
+            for endpoint in endpoints:
+                if (health := etcd_api.health(endpoint, 0.5)) is None:
+                    return True
+                said.append(health)
+            if time.monotonic() >= until or (refused_ends and all(h == etcd_api.REFUSED
+                                                                   for h in said)):
                 return False
             time.sleep(0.1)
 
