@@ -124,15 +124,17 @@ def test_a_rank_killed_from_outside_the_others_shrink_grow_back_and_match(tmp_pa
     the members' next grow() spawns rank 5 again, the mesh is (2, 4) and the weights equal one
     process's; the job ends within its bounds and leaves no process."""
     log = tmp_path / "job.log"
-    with _job(log, "--steps", "30", "--verbose") as proc:
+    # 15 steps of 0.2 s: the kill lands by step 4 or 5, the grow back at the members' next
+    # grow() (the spawn holds them there), so what follows it only checks the weights
+    with _job(log, "--steps", "15", "--verbose") as proc:
         pid = int(_await(log, r"^rank 5 pid (\d+)", proc, timing.guard(120)).group(1))
-        _await(log, r"^step 3/30", proc, timing.guard(120))
+        _await(log, r"^step 3/15", proc, timing.guard(120))
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         _await(log, r"^recovered: mesh \(1, 4\) at epoch 1, lost \[5\]", proc,
                timing.bound(1, 30))
         took = time.monotonic() - killed
-        _await(log, r"^step \d+/30  mesh \(1, 4\) epoch 1", proc, timing.guard(30))
+        _await(log, r"^step \d+/15  mesh \(1, 4\) epoch 1", proc, timing.guard(30))
         _await(log, r"^mesh grew back to \(2, 4\) at epoch 2; fresh ranks \[4, 5, 6, 7\]",
                proc, timing.guard(60))
         _await(log, r"^OK: matches single-process training", proc, timing.guard(120))

@@ -31,6 +31,8 @@ same cluster, under ``ranks/``. Worked example, three hosts, --master-port 29500
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from ..backends import etcd as etcd_api
 from . import etcd_members, keys
@@ -71,6 +73,7 @@ class EtcdNodes(JobNodes):
         self.member: etcd_members.LocalMember | None = None
         self.heartbeat = Liveness(flags, self.roster, self.verdicts, self._etcd, self._fail)
         self.left_behind: str | None = None  # what close() could not remove
+        self._unreachable: bool | None = None  # store_unreachable()'s answer, once asked
 
     @property
     def rank_store(self) -> str:
@@ -113,7 +116,7 @@ class EtcdNodes(JobNodes):
             if left and self._answers(left, deadline, 2.0):
                 self.member = etcd_members.LocalMember.restart(at, timeout)
             elif (f.index == 0 and f.own_addr == f.addr
-                  and not self._answers(self._bootstrap(), deadline, 1.0)):
+                  and not self._answers(self._bootstrap(), deadline, 1.0, refused_ends=True)):
                 self.member = etcd_members.LocalMember.start_new(at, timeout)
             else:
                 via = self._reach(left + self._bootstrap(), deadline)
@@ -127,13 +130,21 @@ class EtcdNodes(JobNodes):
                             f"member that is up") from None
 
     @staticmethod
-    def _answers(endpoints: list[str], deadline: float, within_s: float) -> bool:
-        """Whether a member already answers with a leader at one of ``endpoints``."""
+    def _answers(endpoints: list[str], deadline: float, within_s: float,
+                 refused_ends: bool = False) -> bool:
+        """Whether a member already answers with a leader at one of ``endpoints``, asked for
+        up to ``within_s`` (a member that listens may be electing a leader for a second).
+        ``refused_ends``: False at once when every endpoint refuses the connection (nothing
+        listens there: node 0 of a new job, which starts its cluster 1 s sooner)."""
         until = min(deadline, time.monotonic() + within_s)
         while True:
-            if any(etcd_api.health(e, 0.5) is None for e in endpoints):
-                return True
-            if time.monotonic() >= until:
+            said = []
+            for endpoint in endpoints:
+                if (health := etcd_api.health(endpoint, 0.5)) is None:
+                    return True
+                said.append(health)
+            if time.monotonic() >= until or (refused_ends and all(h == etcd_api.REFUSED
+                                                                   for h in said)):
                 return False
             time.sleep(0.1)
 
@@ -206,12 +217,30 @@ class EtcdNodes(JobNodes):
         assert isinstance(self.heartbeat, Liveness)
         return self.heartbeat
 
+    def store_unreachable(self) -> bool:
+        """Whether this launcher ends on its own verdict that the store lost its majority as
+        seen from here (``Liveness._store_lost``) and no member answers with a leader now
+        (each probed at once, 1 s at most): then every store call of its way out (its done
+        mark, the wait for the others, its member's leave) could only run out its
+        ``CALL_S``, about 8 s in all, so they are skipped. Asked once; False while the job
+        goes on, on any other verdict, or when a member answers again."""
+        if self._unreachable is None:
+            stands = self.verdicts.verdict
+            if stands is None or stands.kind != "store" or stands.node != self.flags.index:
+                return False
+            endpoints = self._etcd().endpoints
+            with ThreadPoolExecutor(len(endpoints)) as pool:
+                health = list(pool.map(lambda e: etcd_api.health(e, 1.0), endpoints))
+            self._unreachable = all(h is not None for h in health)
+        return self._unreachable
+
     def beat_done(self) -> None:
         """This launcher is ending: say so, drop its presence, and (the last to leave a
-        user's cluster) mark the job ended."""
+        user's cluster) mark the job ended; only the links' goodbye when the store is
+        unreachable (``store_unreachable``)."""
         for link in self.held:
             link.bye()
-        if self.client is None:
+        if self.client is None or self.store_unreachable():
             return
         self._liveness().done(self.client)
         if self.external:
@@ -227,13 +256,22 @@ class EtcdNodes(JobNodes):
         except StoreGone:  # the store is gone: nobody will read the mark
             return
 
+    def await_others(self, interrupted: Callable[[], bool] = lambda: False) -> bool:
+        """``JobNodes.await_others``; at once False when the store is unreachable
+        (``store_unreachable``): this node's member serves nobody."""
+        if self.store_unreachable():
+            return False
+        return super().await_others(interrupted)
+
     def close(self) -> None:
-        """Stop watching, then stop this node's member and remove its data (``left_behind``
+        """Stop watching, then stop this node's member (out of the cluster first, unless the
+        store is unreachable: ``store_unreachable``) and remove its data (``left_behind``
         says what could not be removed)."""
         super().close()
         member, self.member = self.member, None
         if member is not None:
-            member.leave(CALL_S)
+            if not self.store_unreachable():
+                member.leave(CALL_S)
             try:
                 member.stop(CALL_S)
             except OSError as err:

@@ -103,8 +103,11 @@ def launch(spec: LaunchSpec) -> int:
     nodes = _nodes(spec) if spec.serve_store or spec.store != "tcp" else None
     if (note := _store_note(spec)) is not None:
         out.say(f"{note}.")
-    if nodes is not None and spec.wants_warm():
-        store.preload()  # meanwhile the warm process imports torch too (store.preload says why)
+    if nodes is not None and spec.store == "tcp" and spec.wants_warm():
+        store.preload()  # meanwhile the warm process imports torch too (store.preload says
+        # why); a launcher of --store etcd never imports torch: its import, holding the GIL
+        # on a thread, slowed its start by seconds (3 launchers on 2 cores: 4.5 s to their
+        # first etcd call, 1.5 s without it)
     warm = _warm(spec, out)
     table = _table(spec, out)
     job = Job(spec, out, nodes if joins else None, warm, table)

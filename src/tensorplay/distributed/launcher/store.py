@@ -156,10 +156,11 @@ def can_serve() -> bool:
 
 
 def preload() -> None:
-    """Load the store's implementation (torch) on a thread, now. For a launcher whose warm
-    process imports torch anyway: both imports run at once, on two cores, so the first rank
-    that asks for the store is not kept waiting for the launcher's own import (about 2.5 s of
-    an 8-rank start on 2 cores)."""
+    """Load the store's implementation (torch) on a thread, now. For a launcher that serves
+    or joins the TCPStore (``--store tcp``) and whose warm process imports torch anyway: both
+    imports run at once, on two cores, so the first rank that asks for the store is not kept
+    waiting for the launcher's own import (about 2.5 s of an 8-rank start on 2 cores). A
+    launcher of ``--store etcd`` never imports torch, so it does not call this."""
 
     def load() -> None:
         try:
