@@ -33,9 +33,9 @@ def pytest_collection_modifyitems(config, items):
 
 def _cost_rank(item: pytest.Item) -> int:
     """The costliest tests first (``faults``, then other ``slow``), each kind in file order:
-    the workers start on the long ones, and the last tests left to share out are short,
-    so that no worker ends the run alone in a long one (two workers, full suite: 295 s
-    against 327 s in file order, one run each, 2 cores)."""
+    the two workers start on the long ones, and the last tests left to share out are short,
+    so that neither worker ends the run alone in a long one (full suite: 295 s against 327 s
+    in file order, one run each, 2 cores)."""
     if item.get_closest_marker("faults") is not None:
         return 0
     return 1 if item.get_closest_marker("slow") is not None else 2
