@@ -3,14 +3,15 @@
 ``with Hosts(2) as hosts:`` makes host 1 and host 2, each a network namespace with its own
 address (198.18.0.1, 198.18.0.2: the range set aside for such tests) on a veth pair to a bridge
 in a third namespace, and each process started on it gets its own host name (a UTS namespace:
-"hostA", "hostB"). ``hosts.start(i, argv)`` starts a process there in a new session;
-``hosts.cut(i)`` takes host i's link down. ``hosts.command(i, argv, names)`` is the command line
-that runs ``argv`` there; with ``names`` (``hosts.write_names(path)``: every host's name and
-address) the hosts' names resolve there, for programs that are given names, not addresses
-(Slurm's node lists): it enters only the network namespace (``nsenter``, so /sys and its cgroups
-stay, which slurmd needs) and mounts that file over /etc/hosts in a mount namespace of its own.
-On the way out, even after a failure, every process started is killed by its process group and
-every namespace is deleted: nothing is left behind.
+"hostA", "hostB"). ``hosts.start(i, argv)`` starts a process there in a new session, with a
+TMPDIR of that host's own; ``hosts.cut(i)`` takes host i's link down. ``hosts.command(i, argv,
+names)`` is the command line that runs ``argv`` there; with ``names``
+(``hosts.write_names(path)``: every host's name and address) the hosts' names resolve there, for
+programs that are given names, not addresses (Slurm's node lists): it enters only the network
+namespace (``nsenter``, so /sys and its cgroups stay, which slurmd needs) and mounts that file
+over /etc/hosts in a mount namespace of its own. On the way out, even after a failure, every
+process started is killed by its process group, every namespace is deleted and the hosts'
+TMPDIRs removed: nothing is left behind.
 
 Needs root and iproute2 (CI runs as root); elsewhere ``require()`` skips the test and says why.
 No traffic goes anywhere but these namespaces and loopback.
@@ -25,6 +26,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,6 +65,7 @@ class Hosts:
         self.prefix = f"tp{os.getpid() % 100000}x{next(_COUNT) % 100}"
         self.procs: list[subprocess.Popen] = []
         self._made: list[str] = []
+        self.tmp: Path | None = None  # each host's TMPDIR below it: made on entry
 
     def ns(self, i: int) -> str:
         return f"{self.prefix}h{i}"
@@ -75,6 +78,7 @@ class Hosts:
 
     def __enter__(self) -> Hosts:
         try:
+            self.tmp = Path(tempfile.mkdtemp(prefix=f"tensorplay-test-{self.prefix}-"))
             switch = f"{self.prefix}sw"
             _ip("netns", "add", switch)
             self._made.append(switch)
@@ -117,13 +121,18 @@ class Hosts:
 
     def start(self, i: int, argv: list[str], log: Path, env: dict[str, str] | None = None
               ) -> subprocess.Popen:
-        """Run ``argv`` on host i (its own network and host name), output to ``log``."""
+        """Run ``argv`` on host i (its own network and host name), output to ``log``. Its
+        TMPDIR is the host's own, removed with the hosts: what a process killed there leaves
+        (a SIGKILLed launcher's work directory) goes with them, as with a lost machine."""
+        assert self.tmp is not None, "start() before entering the Hosts"
+        tmpdir = self.tmp / self.hostname(i)
+        tmpdir.mkdir(exist_ok=True)
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 self.command(i, argv),
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**{k: v for k, v in os.environ.items() if k not in NETWORK_VARS},
-                     **(env or {})})
+                     "TMPDIR": str(tmpdir), **(env or {})})
         self.procs.append(proc)
         return proc
 
@@ -153,6 +162,8 @@ class Hosts:
         for name in reversed(self._made):
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
         self._made.clear()
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __exit__(self, *exc: object) -> None:
         self.close()
