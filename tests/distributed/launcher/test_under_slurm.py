@@ -289,24 +289,30 @@ def test_scancel_of_a_two_host_job_leaves_nothing_on_either_host(two_hosts, tmp_
 
 def test_a_node_lost_under_srun_no_kill_the_other_trains_on(two_hosts_to_lose, tmp_path):
     """hostB killed whole (its slurmd, the step's processes, the ranks) at step 3 of an elastic
-    job: hostA's ranks shrink to (1, 4) at once, Slurm marks hostB DOWN after SlurmdTimeout,
-    and with --no-kill it keeps the job, which trains to the end on hostA."""
+    job: hostA's ranks shrink to (1, 4) at once and train to the end; Slurm marks hostB DOWN
+    after SlurmdTimeout and, with --no-kill, keeps the job (its batch script waits, bounded,
+    until the test has seen the node DOWN and the job still RUNNING)."""
     c = two_hosts_to_lose
     elastic = str(ROOT / "examples" / "train_elastic.py")
-    job_id, out = batch(c, tmp_path, f"srun --no-kill --ntasks-per-node 1 "
-                        f"{' '.join(RUN)} --nproc-per-node 4 --max-restarts 1 {elastic} "
-                        "--steps 50 --step-s 0.5\n", "-N", "2", "--no-kill")
-    await_text(c, out, r"\[rank 0\] step 3/50", 240)
+    seen = tmp_path / "seen"  # the test saw hostB DOWN and the job RUNNING
+    job_id, out = batch(c, tmp_path, f"""\
+        srun --no-kill --ntasks-per-node 1 {' '.join(RUN)} --nproc-per-node 4 --max-restarts 1 \\
+            {elastic} --steps 20 --step-s 0.5
+        echo "the step ended: $?"
+        for i in $(seq 600); do [ -e {seen} ] && break; sleep 0.2; done
+    """, "-N", "2", "--no-kill")
+    await_text(c, out, r"\[rank 0\] step 3/20", 240)
     killed_at = time.monotonic()
     assert c.kill_host(2), "no process of the cluster was on hostB"
-    await_text(c, out, r"\[rank 0\] step \d+/50  mesh \(1, 4\)", 60)
+    await_text(c, out, r"\[rank 0\] step \d+/20  mesh \(1, 4\)", 60)
     shrunk_s = time.monotonic() - killed_at
 
     def node_b_down() -> bool:
         return "DOWN" in c.run(["sinfo", "-h", "-n", "hostB", "-o", "%T"]).stdout.upper()
 
-    assert timing.wait_until(node_b_down, slurm.NODE_DOWN_S + 30), c.logs()
+    assert timing.wait_until(node_b_down, timing.bound(slurm.NODE_DOWN_S, 30)), c.logs()
     running = c.job_state(job_id)["JobState"]
+    seen.write_text("")
     fields = await_end(c, job_id, 120)
     text = out.read_text()
     assert shrunk_s < timing.bound(0, 10), f"{shrunk_s:.1f} s\n{text}"
@@ -315,8 +321,8 @@ def test_a_node_lost_under_srun_no_kill_the_other_trains_on(two_hosts_to_lose, t
     assert running == "RUNNING", (running, text)  # Slurm kept the job with a node DOWN
     node = c.run(["scontrol", "show", "node", "hostB", "-o"]).stdout
     assert "Reason=Not responding" in node, node
-    # what Slurm says: srun names the node and the task it lost, and ends with the status of
-    # that task (SIGKILL: 137), so the batch job is FAILED though hostA's ranks trained on
-    assert "srun: error: Node failure on hostB" in text, text
-    assert "srun: error: hostB: task 1: Killed" in text, text
-    assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", "137:0"), fields
+    # what Slurm says: srun ends with the status of the task it lost (SIGKILL: 137), though
+    # hostA's ranks trained on ("srun: error: Node failure on hostB" too, when the node was
+    # declared DOWN while the step still ran)
+    assert "the step ended: 137" in text, text
+    assert fields["JobState"] == "COMPLETED", fields  # the batch script's own end
