@@ -47,7 +47,8 @@ class Nodes:
                  str(script)],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, "PYTHONPATH": spawn.pythonpath(), "OMP_NUM_THREADS": "1",
-                     **(env or {})})
+                     "TMPDIR": str(self.tmp), **(env or {})})  # a launcher killed here
+                # leaves its work directory in the test's tmp_path, not in /tmp
         self.procs.append(proc)
         self.logs.append(log)
         return proc
