@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import LaunchEnvError
-from .slurm import first_host
+from .slurm import SLURM_JOB_ID, SLURM_PROCID, first_host
 
 RANK = "RANK"
 WORLD_SIZE = "WORLD_SIZE"
@@ -56,10 +56,8 @@ TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 TENSORPLAY_LAUNCHER = "TENSORPLAY_LAUNCHER"  # "tensorplay-run" in the ranks it starts
 
-SLURM_PROCID = "SLURM_PROCID"
 SLURM_LOCALID = "SLURM_LOCALID"
 SLURM_NODEID = "SLURM_NODEID"
-SLURM_JOB_ID = "SLURM_JOB_ID"
 SLURM_SIZE_VARS = ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
 SLURM_TASKS_PER_NODE_VARS = (
     "SLURM_STEP_TASKS_PER_NODE",

@@ -22,7 +22,6 @@ Three things, each read here once:
 
 from __future__ import annotations
 
-import itertools
 import re
 import shutil
 import subprocess
@@ -43,25 +42,31 @@ _FIELD = re.compile(r"(\w+)=(\S*)")
 _CLOCK = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
 
 
-def _choices(body: str, at: int) -> list[str]:
-    """The numbers of one bracket's body, in order: '01-03,7' -> ['01', '02', '03', '7']."""
-    names: list[str] = []
+Range = tuple[int, int, int]  # low, high, width: '08-10' -> (8, 10, 2)
+
+
+def _ranges(body: str, at: int) -> list[Range]:
+    """One bracket's body as its ranges, checked: '01-03,7' -> [(1, 3, 2), (7, 7, 1)]."""
+    ranges: list[Range] = []
     for part in body.split(","):
         match = _RANGE.fullmatch(part)
         if match is None:
             raise ValueError(f"'[{body}]' at position {at} is not a list of numbers or ranges "
                              f"like 01-04")
-        low, high = match[1], match[2] or match[1]
-        if int(high) < int(low):
+        low, high = int(match[1]), int(match[2] or match[1])
+        if high < low:
             raise ValueError(f"'{part.strip()}' in '[{body}]' at position {at} counts down")
-        names += [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
-    return names
+        ranges.append((low, high, len(match[1])))
+    return ranges
 
 
-def _pieces(item: str, offset: int) -> list[list[str]]:
-    """One comma-free host pattern as its literal and bracketed pieces, each a list of
-    choices: 'rack[1-2]-n7' -> [['rack'], ['1', '2'], ['-n7']]."""
-    pieces: list[list[str]] = []
+Piece = str | list[Range]  # a literal, or a bracket's ranges
+
+
+def _pieces(item: str, offset: int) -> list[Piece]:
+    """One comma-free host pattern as its literal and bracketed pieces:
+    'rack[1-2]-n7' -> ['rack', [(1, 2, 1)], '-n7']."""
+    pieces: list[Piece] = []
     text = ""
     i = 0
     while i < len(item):
@@ -75,10 +80,24 @@ def _pieces(item: str, offset: int) -> list[list[str]]:
         end = item.find("]", i)
         if end < 0 or "[" in item[i + 1:end]:
             raise ValueError(f"'[' at position {offset + i} is not closed")
-        pieces += [[text], _choices(item[i + 1:end], offset + i)]
+        pieces += [text, _ranges(item[i + 1:end], offset + i)]
         text = ""
         i = end + 1
-    return pieces + [[text]]
+    return pieces + [text]
+
+
+def _names(pieces: list[Piece]) -> Iterator[str]:
+    """Every name of one pattern, the last bracket varying fastest, made one at a time (a
+    bracket of a million numbers is never held as a million strings)."""
+    if not pieces:
+        yield ""
+        return
+    head, rest = pieces[0], pieces[1:]
+    firsts: Iterator[str] = iter([head]) if isinstance(head, str) else (
+        str(n).zfill(width) for low, high, width in head for n in range(low, high + 1))
+    for first in firsts:
+        for tail in _names(rest):
+            yield first + tail
 
 
 def _items(nodelist: str) -> Iterator[tuple[str, int]]:
@@ -100,8 +119,7 @@ def hostnames(nodelist: str) -> Iterator[str]:
     if not patterns:
         raise ValueError("no host in it")
     for pieces in patterns:
-        for names in itertools.product(*pieces):
-            yield "".join(names)
+        yield from _names(pieces)
 
 
 def first_host(nodelist: str) -> str:

@@ -35,7 +35,7 @@ from .options import PROG, build_parser, check_args
 from .output import Output
 from .procs import stop_ranks
 from .rank_table import RankTable
-from .roster import Node, NodeFlags
+from .roster import NodeFlags
 from .spec import LaunchSpec, from_args
 from .warm import Warm
 
@@ -221,8 +221,7 @@ def _tell_signal(job: Job, got: str) -> None:
     nodes = job.nodes
     if nodes is None or nodes.client is None or job.spec.elastic or job.verdict is not None:
         return
-    f = nodes.flags
-    nodes.post("signal", f"{Node(f.index, f.host, f.nproc, f.nnodes).name()} {got}")
+    nodes.post("signal", f"{nodes.own_name()} {got}")
 
 
 def _leave(job: Job, code: int) -> int:

@@ -178,11 +178,15 @@ class JobNodes:
             with suppress(OSError):
                 os.close(fd)
 
+    def own_name(self) -> str:
+        """This node as the others' lines name it: 'node 1 (hostB, ranks 4-7)'."""
+        f = self.flags
+        return Node(f.index, f.host, f.nproc, f.nnodes).name()
+
     def _fail(self, where: str, err: BaseException) -> None:
         """A launcher thread hit a bug (``bugs.guarded`` printed it): the job stops on every
         node, naming it, rather than going on without that thread."""
-        f = self.flags
-        me = Node(f.index, f.host, f.nproc, f.nnodes).name()
+        me = self.own_name()
         try:
             client: Client | None = self._connect()
         except StoreGone:  # this launcher's word stands
